@@ -1,0 +1,66 @@
+# gpustat — the two commands are `make demo` and `make test`.
+# Both create .venv with python3.12 when it is missing and install what they need.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# python3.12 may be a pyenv shim that refuses to run: take the first one that runs.
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+PYTEST_ARGS ?= -q -n 2 -m "not slow"
+NOTEBOOKS := $(sort $(wildcard notebooks/*.py))
+# modules benchmarked by `make gpu-check` (all by default)
+MODULES ?= all
+
+.PHONY: demo test lint pytest notebooks docs gpu-check bench-report clean
+
+$(VENV)/bin/python:
+	@test -n "$(PYTHON312)" || { echo "python3.12 not found (pyenv install 3.12 or set PYTHON312=...)"; exit 1; }
+	$(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.demo-deps: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e ".[test,docs,notebooks]" pytest-xdist
+	touch $@
+
+demo: $(VENV)/.demo-deps
+	$(PY) -m gpustat demo
+
+test: $(VENV)/.test-deps
+	$(MAKE) lint pytest notebooks docs
+
+lint: $(VENV)/.test-deps
+	$(PY) -m ruff check .
+
+pytest: $(VENV)/.test-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+notebooks: $(VENV)/.test-deps
+	@set -e; for nb in $(NOTEBOOKS); do \
+		echo "== $$nb (small)"; \
+		GPUSTAT_NOTEBOOK_SMALL=1 MPLBACKEND=Agg $(PY) $$nb; \
+	done
+
+docs: $(VENV)/.test-deps
+	$(PY) -m mkdocs build --strict --quiet --site-dir $(VENV)/site
+
+# What the GPU machine runs, with no install: gpu-marked tests, then the quick
+# benchmarks. Logs and JSON lines go to $GPUSTAT_OUT (default benchmarks/results/<device>/).
+gpu-check:
+	@set -o pipefail; \
+	out=$${GPUSTAT_OUT:-$$(PYTHONPATH=. python3 -c 'from benchmarks.harness import default_out_dir; print(default_out_dir())')}; \
+	mkdir -p "$$out"; log="$$out/gpu-check.log"; status=0; \
+	PYTHONPATH=. python3 -m gpustat info 2>&1 | tee "$$log"; \
+	PYTHONPATH=. python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee -a "$$log" || status=1; \
+	PYTHONPATH=. python3 -m gpustat bench $(MODULES) --quick --out "$$out" 2>&1 | tee -a "$$log" || status=1; \
+	exit $$status
+
+bench-report: $(VENV)/.test-deps
+	$(PY) benchmarks/report.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

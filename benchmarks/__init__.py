@@ -1,0 +1,1 @@
+"""Benchmarks: ``bench_<module>.py`` per capability, sharing :mod:`benchmarks.harness`."""

@@ -1,0 +1,24 @@
+"""gpustat: JAX and Pallas GPU kernels for statistical computation.
+
+Every op exists twice: a pure ``jax.numpy`` reference (the meaning) and a Pallas
+kernel lowered through Triton (the speed). Public functions validate their input
+and dispatch on ``backend="auto" | "pallas" | "reference" | "interpret"``.
+"""
+
+import warnings as _warnings
+
+# The Pallas Triton lowering warns on every lowering in jax 0.11; gpustat knows
+# (issue: a jax-triton backend) and filters exactly that one message.
+_warnings.filterwarnings(
+    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
+)
+
+from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
+from gpustat._backend import available_backends as available_backends  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError",
+    "available_backends",
+]

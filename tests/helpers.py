@@ -1,0 +1,76 @@
+"""Shared test helpers: tolerances, the CUDA-lowering check, the kernel test base class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+import pytest
+
+# One tolerance table for the project: (dtype, comparison) -> relative tolerance.
+#   oracle:   reference vs an independent float64 oracle (scipy, mpmath, dense, brute force)
+#   kernel:   Pallas kernel (interpret or compiled) vs the reference, same dtype
+#   autodiff: analytic derivatives vs jax.grad / jax.hessian of an objective
+TOLERANCES: dict[tuple[str, str], float] = {
+    ("float64", "oracle"): 1e-12,
+    ("float64", "kernel"): 1e-12,
+    ("float64", "autodiff"): 1e-9,
+    ("float32", "oracle"): 2e-6,
+    ("float32", "kernel"): 2e-6,
+    ("float32", "autodiff"): 1e-4,
+}
+
+
+def tol(dtype, kind: str) -> float:
+    """Relative tolerance for comparing in ``dtype`` (16-bit types compare as float32)."""
+    name = "float64" if np.dtype(dtype) == np.float64 else "float32"
+    return TOLERANCES[(name, kind)]
+
+
+def assert_close(actual, expected, *, rtol: float, atol: float = 0.0, err_msg: str = "") -> None:
+    """``np.testing.assert_allclose`` that also requires NaNs in the same places."""
+    np.testing.assert_allclose(
+        np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, equal_nan=True,
+        err_msg=err_msg,
+    )
+
+
+def assert_lowers_for_cuda(fn: Callable, args: Sequence[jax.ShapeDtypeStruct],
+                           device_kind: str = "NVIDIA H100") -> str:
+    """Lower ``jax.jit(fn)(*args)`` for CUDA on this (CPU) machine and return the text.
+
+    Raises what the GPU compile would raise for primitives the Triton lowering
+    lacks, non-power-of-two in-kernel tensors or too-small f64 dots. It does not
+    run Triton's compiler or ptxas: a GPU run is still needed.
+    """
+    device = jax.sharding.AbstractDevice(device_kind, 1, "cuda")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "triton_kernel_call" in text or "__gpu$xla.gpu.triton" in text, (
+        "the lowered module holds no Triton kernel call"
+    )
+    return text
+
+
+KERNEL_BACKENDS = [
+    pytest.param("interpret", id="interpret"),
+    pytest.param("pallas", id="pallas", marks=pytest.mark.gpu),
+]
+
+
+class KernelTests:
+    """Base class: every test method runs in interpret mode on CPU and compiled on a GPU.
+
+    Test bodies call the op with ``backend=self.backend``. The ``pallas`` variant
+    carries the ``gpu`` marker, so it is skipped without a CUDA GPU and selected by
+    ``pytest -m gpu`` on the GPU machine.
+    """
+
+    backend: str
+
+    @pytest.fixture(autouse=True, params=KERNEL_BACKENDS)
+    def _kernel_backend(self, request):
+        self.backend = request.param
