@@ -13,6 +13,8 @@ _warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
 
+from gpustat import numerics as numerics  # noqa: E402
+from gpustat import testing as testing  # noqa: E402
 from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
 from gpustat._backend import available_backends as available_backends  # noqa: E402
 
@@ -21,4 +23,6 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendUnavailableError",
     "available_backends",
+    "numerics",
+    "testing",
 ]

@@ -1,0 +1,193 @@
+r"""Probit numerics usable inside Pallas kernels, and as public functions.
+
+The standard normal CDF :math:`\Phi`, its log, the Mills ratio
+:math:`\lambda(x) = \varphi(x)/\Phi(x)` and the probit curvature
+:math:`C(x) = -\frac{d^2}{dx^2}\log\Phi(x) = \lambda(x)\,(x + \lambda(x))`, plus
+``erfc`` and the scaled ``erfcx(x) = exp(x^2) erfc(x)``. They are built from
+``exp``/``log``/``log1p``/``floor`` and W. J. Cody's rational approximations
+(Math. Comp. 23, 1969), because ``lax.erf`` does not lower in Triton kernels;
+kernels of other capabilities call :mod:`gpustat.reference.numerics` on loaded
+blocks.
+
+Accuracy (max relative error against mpmath over [-1e3, 1e3], tests
+``tests/reference/test_numerics.py``): float64 <= 2e-15 for ``erfc``, ``erfcx``,
+``ndtr``, ``log_ndtr``, the Mills ratio, and <= 1e-14 for ``probit_curvature``;
+float32 <= 2e-6 wherever the result is a normal float32. Special values follow
+``../shared/specs/bms_flex.md`` A.6 (NaN -> NaN; ``log_ndtr(+inf) = 0``,
+``log_ndtr(-inf) = -inf``, ``λ(-inf) = +inf``, ``C(-inf) = 1``, ``C(+inf) = 0``).
+Where the spec restricts ``erfcx`` to x >= 0 (NaN below), gpustat follows
+scipy's full-line ``erfcx`` (finite down to about -26.6, then +inf).
+
+Every function takes ``backend="auto" | "pallas" | "reference" | "interpret"``
+(see :mod:`gpustat._backend`), works under ``jax.jit``/``jax.vmap``, and has an
+exact ``custom_jvp`` (the derivative formulas below, not derivatives of the
+rational approximations).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+from jaxtyping import Array, Float
+
+from gpustat._backend import resolve_backend
+from gpustat.pallas import numerics as _kernels
+from gpustat.pallas._common import compute_dtype
+from gpustat.reference import numerics as _ref
+
+__all__ = [
+    "erfc",
+    "erfcx",
+    "log_ndtr",
+    "log_ndtr_and_mills",
+    "ndtr",
+    "probit_curvature",
+]
+
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+
+def _as_float(x: ArrayLike, name: str) -> jax.Array:
+    """Validate ``x``: real numbers; integers become the default float dtype."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
+        raise TypeError(f"numerics.{name}: x must be real floating point, got {x.dtype=}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    return x
+
+
+def _run(name: str, x: jax.Array, backend: str):
+    """Dispatch one op to the reference or the elementwise kernel."""
+    fn, count = _kernels.KERNELS[name]
+    path = resolve_backend(backend, op=f"numerics.{name}")
+    if path == "reference":
+        out = fn(x.astype(compute_dtype(x.dtype)))
+        return jax.tree.map(lambda o: o.astype(x.dtype), out)
+    return _kernels.elementwise(x, fn=fn, num_outputs=count, interpret=path == "interpret")
+
+
+def _public(name: str, derivative: Callable) -> Callable:
+    """Public single-output op: validation, dispatch and an exact custom_jvp."""
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+    def op(x, backend):
+        return _run(name, x, backend)
+
+    @op.defjvp
+    def _jvp(backend, primals, tangents):
+        (x,), (dx,) = primals, tangents
+        y = op(x, backend)
+        return y, derivative(x, y) * dx
+
+    def public(x: Float[ArrayLike, "*shape"], *, backend: str = "auto") -> Float[Array, "*shape"]:
+        return op(_as_float(x, name), backend)
+
+    public.__name__ = public.__qualname__ = name
+    return public
+
+
+def _mills(x):
+    return _ref.log_ndtr_and_mills(x)[1]
+
+
+erfc = _public("erfc", lambda x, y: -_TWO_OVER_SQRT_PI * jnp.exp(-x * x))
+erfc.__doc__ = """Complementary error function ``erfc(x) = 1 - erf(x)``.
+
+    Args:
+        x: array of any shape; float16/bfloat16 compute in float32; integers
+            are promoted to the default float dtype.
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Array of ``x``'s shape and (floating) dtype, in [0, 2].
+    """
+
+erfcx = _public("erfcx", lambda x, y: 2.0 * x * y - _TWO_OVER_SQRT_PI)
+erfcx.__doc__ = """Scaled complementary error function ``exp(x^2) erfc(x)``.
+
+    Finite and about ``1/(x√π)`` for large positive x (no overflow); for negative x
+    it equals ``2 exp(x^2) - erfcx(-x)`` and overflows to +inf below about -26.6
+    in float64 (scipy's convention).
+
+    Args:
+        x: array of any shape (dtype rules as :func:`erfc`).
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Array of ``x``'s shape and dtype.
+    """
+
+ndtr = _public("ndtr", lambda x, y: 0.3989422804014327 * jnp.exp(-0.5 * x * x))
+ndtr.__doc__ = """Standard normal CDF ``Φ(x)``, accurate in relative terms in the left tail.
+
+    Args:
+        x: array of any shape (dtype rules as :func:`erfc`).
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Array of ``x``'s shape and dtype, in [0, 1].
+    """
+
+log_ndtr = _public("log_ndtr", lambda x, y: _mills(x))
+log_ndtr.__doc__ = """``log Φ(x)``, no underflow: ``-x^2/2 + log erfcx(-x/√2) - log 2`` for x < 0.
+
+    Args:
+        x: array of any shape (dtype rules as :func:`erfc`).
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Array of ``x``'s shape and dtype; ``log_ndtr(-inf) = -inf``, ``log_ndtr(inf) = 0``.
+    """
+
+probit_curvature = _public(
+    "probit_curvature",
+    lambda x, y: -y * (x + _mills(x)) + _mills(x) * (1.0 - y),
+)
+probit_curvature.__doc__ = """Probit curvature ``C(x) = -d² log Φ(x)/dx² = λ(x) (x + λ(x))``.
+
+    In (0, 1): ``C(-inf) = 1``, ``C(+inf) = 0``. For x <= -3 a 64-term Laplace
+    continued fraction removes the cancellation in ``x + λ``.
+
+    Args:
+        x: array of any shape (dtype rules as :func:`erfc`).
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Array of ``x``'s shape and dtype.
+    """
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _log_ndtr_and_mills(x, backend):
+    return _run("log_ndtr_and_mills", x, backend)
+
+
+@_log_ndtr_and_mills.defjvp
+def _log_ndtr_and_mills_jvp(backend, primals, tangents):
+    (x,), (dx,) = primals, tangents
+    log_cdf, mills = _log_ndtr_and_mills(x, backend)
+    curvature = _ref.probit_curvature(x.astype(compute_dtype(x.dtype))).astype(x.dtype)
+    return (log_cdf, mills), (mills * dx, -curvature * dx)
+
+
+def log_ndtr_and_mills(
+    x: Float[ArrayLike, "*shape"], *, backend: str = "auto"
+) -> tuple[Float[Array, "*shape"], Float[Array, "*shape"]]:
+    """``(log Φ(x), λ(x))`` with the Mills ratio ``λ = φ/Φ``, in one pass.
+
+    The first output equals :func:`log_ndtr` bitwise. ``λ`` stays finite where
+    ``Φ`` underflows (``λ(x) ≈ -x`` as x -> -inf): ``λ(-1e100) = 1e100``.
+
+    Args:
+        x: array of any shape (dtype rules as :func:`erfc`).
+        backend: "auto", "pallas", "reference" or "interpret".
+
+    Returns:
+        Two arrays of ``x``'s shape and dtype.
+    """
+    return _log_ndtr_and_mills(_as_float(x, "log_ndtr_and_mills"), backend)
