@@ -1,0 +1,93 @@
+"""M-step: mixture parameters from sufficient statistics (MLE, or MAP under conjugate priors).
+
+Maximum likelihood, exactly as scikit-learn's ``GaussianMixture`` (Dempster, Laird and
+Rubin 1977), with N_j = counts_j + 10 eps:
+
+    w_j = N_j / sum_l N_l,   mu_j = S1_j / N_j,
+    full:      Sigma_j = S2_j / N_j - mu_j mu_j^T + reg I
+    tied:      Sigma   = (sum_j S2_j - sum_j N_j mu_j mu_j^T) / sum_j N_j + reg I
+    diag:      sigma2_j = diag(S2_j) / N_j - mu_j^2 + reg
+    spherical: mean over features of the diag variances.
+
+MAP (posterior mode, "BEM" of Suchard et al. 2010) for full covariances under a
+normal-inverse-Wishart prior: mu_j = m_n, Sigma_j = Phi_n / (nu_n + p + 2) (+ reg I);
+weights under Dirichlet(alpha): w_j propto max(N_j + alpha - 1, 0); under stick-breaking:
+V_j = N_j / (alpha - 1 + sum_{l>=j} N_l) clipped into (0, 1), V_k = 1.
+Statistics should be of centred data (the drivers centre X) so that S2 / N - mu mu^T
+does not cancel catastrophically.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture_priors import DirichletPrior, NIWPrior, StickBreakingPrior, niw_posterior
+from gpustat.mixture_priors import stick_weights as _stick_weights
+
+__all__ = ["m_step"]
+
+
+def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_covar):
+    p = means.shape[-1]
+    # sum_i r (x - mu)(x - mu)^T / N = S2 / N - mu mu^T (2 - counts / N), N = counts + 10 eps
+    second = stats.sum_xx / nk[:, None, None]
+    centred = second - means[:, :, None] * means[:, None, :] * (2 - stats.counts / nk)[:, None,
+                                                                                        None]
+    eye = jnp.eye(p, dtype=means.dtype)
+    if covariance_type == "full":
+        return centred + reg_covar * eye
+    if covariance_type == "tied":
+        outer = jnp.einsum("k,ka,kb->ab", nk, means, means)
+        return (jnp.sum(stats.sum_xx, axis=0) - outer) / jnp.sum(nk) + reg_covar * eye
+    diag = jnp.diagonal(centred, axis1=-2, axis2=-1) + reg_covar
+    return diag if covariance_type == "diag" else jnp.mean(diag, axis=-1)
+
+
+def _map_weights(nk, prior):
+    if prior is None:
+        return nk / jnp.sum(nk)
+    if isinstance(prior, DirichletPrior):
+        w = jnp.maximum(nk + prior.alpha - 1, 0)
+        return w / jnp.sum(w)
+    if isinstance(prior, StickBreakingPrior):
+        tail = jnp.cumsum(nk[::-1])[::-1]  # sum_{l >= j} N_l
+        tiny = jnp.finfo(nk.dtype).eps
+        v = jnp.clip(nk / (prior.alpha - 1 + tail), tiny, 1 - tiny)
+        v = v.at[-1].set(1.0)
+        return _stick_weights(v)
+    raise TypeError(f"weight_prior must be DirichletPrior, StickBreakingPrior or None, got "
+                    f"{type(prior).__name__}")
+
+
+def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float = 1e-6,
+           weight_prior: DirichletPrior | StickBreakingPrior | None = None,
+           component_prior: NIWPrior | None = None) -> MixtureParams:
+    """Mixture parameters from E-step statistics (MLE, or MAP under the given priors).
+
+    Args:
+        stats: :class:`SuffStats` with counts (k,), sum_x (k, p), sum_xx (k, p, p).
+        covariance_type: ``"full"``, ``"tied"``, ``"diag"`` or ``"spherical"``.
+        reg_covar: non-negative value added to every covariance diagonal.
+        weight_prior: optional Dirichlet or stick-breaking prior on the weights (MAP).
+        component_prior: optional normal-inverse-Wishart prior (MAP; full covariance only).
+
+    Returns:
+        :class:`MixtureParams` in the dtype of ``stats``. A component whose covariance is
+        not positive definite has NaN precision Cholesky factors (the drivers report it).
+    """
+    eps = jnp.finfo(stats.counts.dtype).eps
+    nk = stats.counts + 10 * eps
+    weights = _map_weights(nk, weight_prior)
+    if component_prior is None:
+        means = stats.sum_x / nk[:, None]
+        covariances = _mle_covariances(stats, nk, means, covariance_type, reg_covar)
+    else:
+        if covariance_type != "full":
+            raise ValueError(f"component_prior needs covariance_type='full', got "
+                             f"{covariance_type=!r}")
+        _, means, nu_n, phi_n = niw_posterior(component_prior, stats)
+        p = means.shape[-1]
+        covariances = (phi_n / (nu_n + p + 2)[:, None, None]
+                       + reg_covar * jnp.eye(p, dtype=means.dtype))
+    return MixtureParams.from_covariances(weights, means, covariances, covariance_type)

@@ -1,0 +1,98 @@
+"""Conjugate priors of the (truncated Dirichlet-process) Gaussian mixture.
+
+* :class:`DirichletPrior`: w ~ Dirichlet(alpha, ..., alpha).
+* :class:`StickBreakingPrior`: V_j ~ Beta(1, alpha), w_j = V_j prod_{l<j} (1 - V_l), V_k = 1
+  (the truncated Dirichlet process); alpha ~ Gamma(shape, rate) for the Gibbs sampler.
+* :class:`NIWPrior`: mu_j | Sigma_j ~ N(m, Sigma_j / kappa), Sigma_j ~ IW(nu, Phi).
+
+Posterior updates from statistics (N_j, sum x, sum x x^T), with xbar_j = S1_j / N_j and
+scatter S_j = sum x x^T - N_j xbar_j xbar_j^T (Suchard et al. 2010, section 2; Gelman et
+al., Bayesian Data Analysis, 3rd ed., section 3.6):
+
+    kappa_n = kappa + N,  m_n = (kappa m + N xbar) / kappa_n,  nu_n = nu + N,
+    Phi_n = Phi + S + kappa N / kappa_n (xbar - m)(xbar - m)^T.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from gpustat.mixture_params import SuffStats
+
+__all__ = ["DirichletPrior", "NIWPrior", "StickBreakingPrior", "niw_posterior",
+           "stick_weights"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DirichletPrior:
+    """Symmetric Dirichlet(alpha) prior on the weights (MAP needs alpha >= 1)."""
+
+    alpha: Float[Array, ""]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StickBreakingPrior:
+    """Truncated stick-breaking (Dirichlet-process) prior with concentration alpha.
+
+    ``alpha_shape``/``alpha_rate`` give the Gamma(e, f) hyperprior the Gibbs sampler
+    uses to resample alpha; BEM keeps alpha fixed.
+    """
+
+    alpha: Float[Array, ""]
+    alpha_shape: Float[Array, ""] = 1.0
+    alpha_rate: Float[Array, ""] = 1.0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NIWPrior:
+    """Normal-inverse-Wishart prior: mu | Sigma ~ N(mean, Sigma / kappa), Sigma ~ IW(dof, scale).
+
+    Attributes:
+        mean: (p,) prior mean m.
+        kappa: () prior pseudo-count of the mean (the spec's 1 / gamma).
+        dof: () inverse-Wishart degrees of freedom nu > p - 1.
+        scale: (p, p) inverse-Wishart scale Phi, positive definite.
+    """
+
+    mean: Float[Array, " p"]
+    kappa: Float[Array, ""]
+    dof: Float[Array, ""]
+    scale: Float[Array, "p p"]
+
+    @classmethod
+    def weak(cls, X, kappa: float = 0.01, dof: float | None = None, scale: float = 0.1):
+        """A weakly informative prior centred on data X (n, p): m = mean(X),
+        Phi = scale * diag(var(X)) * (nu - p - 1) so that E[Sigma] = scale * diag(var X)."""
+        X = jnp.asarray(X)
+        p = X.shape[1]
+        nu = p + 2.0 if dof is None else dof
+        return cls(jnp.mean(X, axis=0), jnp.asarray(kappa, X.dtype), jnp.asarray(nu, X.dtype),
+                   jnp.diag(jnp.var(X, axis=0)) * scale * max(nu - p - 1, 1.0))
+
+
+def niw_posterior(prior: NIWPrior, stats: SuffStats):
+    """(kappa_n (k,), m_n (k, p), nu_n (k,), Phi_n (k, p, p)) of every component."""
+    n = stats.counts
+    safe_n = jnp.where(n > 0, n, 1)
+    xbar = stats.sum_x / safe_n[:, None]
+    scatter = stats.sum_xx - n[:, None, None] * xbar[:, :, None] * xbar[:, None, :]
+    kappa_n = prior.kappa + n
+    m_n = (prior.kappa * prior.mean + stats.sum_x) / kappa_n[:, None]
+    d = xbar - prior.mean
+    shrink = prior.kappa * n / kappa_n
+    phi_n = prior.scale + scatter + shrink[:, None, None] * d[:, :, None] * d[:, None, :]
+    return kappa_n, m_n, prior.dof + n, phi_n
+
+
+def stick_weights(v: Float[Array, "*b k"]) -> Float[Array, "*b k"]:
+    """w_j = V_j prod_{l<j} (1 - V_l), computed in log space."""
+    log_rest = jnp.cumsum(jnp.log1p(-v[..., :-1]), axis=-1)
+    log_rest = jnp.concatenate([jnp.zeros_like(v[..., :1]), log_rest], axis=-1)
+    return v * jnp.exp(log_rest)
