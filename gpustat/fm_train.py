@@ -1,0 +1,385 @@
+"""Device-resident training of FM, FFM and FwFM: one compiled program per epoch.
+
+Data live on the device in a padded-row (ELL) layout: row ``r`` holds ``z``
+slots of feature index, value and field; unused slots have value 0 and index
+0 (they add nothing and touch nothing). One epoch is one call of a jitted
+function that loops (``lax.fori_loop``) over the batches of a host-drawn row
+permutation; every row of a batch is scored with the parameters frozen at the
+batch start, the batch gradient is accumulated sparsely (one contribution row
+per nonzero, summed per feature by :func:`gpustat.pallas.estimators.scatter_add_rows`
+or its reference), and an optax transformation steps the touched coordinates.
+
+Parameters are kept with the class axis right after the feature axis so that
+one feature's gradient is one contiguous table row:
+
+* ``w0`` (C,), ``w`` (p, C);
+* FM and FwFM ``V`` (p, C, k); FFM ``V`` (p, C, F, k);
+* FwFM ``r`` (C, F, F), of which the upper triangle (with the diagonal) is read.
+
+For each touched coordinate the gradient is
+``(1/B) sum_rows weight_r dL/ds_r ds_r/dtheta (+ lambda theta)`` with B the
+number of rows in the batch; the bias is stepped every batch, never
+regularised. Shapes are bucketed (rows to a coarse grid, nonzeros per row to a
+power of two, batches by a dynamic trip count) so that fits of similar sizes
+share one compiled program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.sparse as sp
+
+from gpustat._backend import resolve_backend
+from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.pallas._common import next_pow2
+from gpustat.pallas.estimators import scatter_add_rows
+from gpustat.reference.estimators import scatter_add_rows_reference
+
+__all__ = [
+    "MODELS",
+    "DeviceRows",
+    "TrainConfig",
+    "decision_scores",
+    "make_optimizer",
+    "to_device_rows",
+    "train_epoch",
+]
+
+MODELS = ("fm", "ffm", "fwfm")
+LOSSES = ("logistic", "squared", "softmax")
+
+
+class DeviceRows(NamedTuple):
+    """Padded-row (ELL) data on the device; the last row is always padding.
+
+    Attributes:
+        idx: (n_pad, z) int32 feature index per slot (0 in unused slots).
+        val: (n_pad, z) value per slot (0 in unused slots).
+        fld: (n_pad, z) int32 field of the slot's feature.
+        target: (n_pad, C) training target: (smoothed) 0/1 label, regression
+            target, or the smoothed one-hot softmax target.
+        weight: (n_pad,) row weight, 0 on padding rows.
+    """
+
+    idx: jax.Array
+    val: jax.Array
+    fld: jax.Array
+    target: jax.Array
+    weight: jax.Array
+
+
+def _row_bucket(n: int) -> int:
+    """Rows padded to a grid of 8 steps per power of two (<= 12.5 % padding), >= n + 1."""
+    n = n + 1
+    step = max(next_pow2(n) // 8, 8)
+    return -(-n // step) * step
+
+
+def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
+                   weight: np.ndarray, dtype) -> DeviceRows:
+    """Pack a canonical CSR matrix (no explicit zeros, no duplicates) for the device.
+
+    Args:
+        X: (n, p) CSR matrix with sorted, duplicate-free indices and no explicit zeros.
+        field_ids: (p,) int field of each feature.
+        target: (n, C) training targets.
+        weight: (n,) row weights.
+        dtype: float dtype of values, targets and weights.
+
+    Returns:
+        :class:`DeviceRows` with ``n_pad = _row_bucket(n)`` rows and ``z`` the
+        next power of two of the largest row length.
+    """
+    n = X.shape[0]
+    lengths = np.diff(X.indptr)
+    z = next_pow2(int(lengths.max()) if n else 1)
+    n_pad = _row_bucket(n)
+    idx = np.zeros((n_pad, z), np.int32)
+    val = np.zeros((n_pad, z), dtype)
+    rows = np.repeat(np.arange(n), lengths)
+    slots = np.arange(X.nnz) - np.repeat(X.indptr[:-1], lengths)
+    idx[rows, slots] = X.indices
+    val[rows, slots] = X.data
+    fld = np.asarray(field_ids, np.int32)[idx]
+    tgt = np.zeros((n_pad, target.shape[1]), dtype)
+    tgt[:n] = target
+    wgt = np.zeros(n_pad, dtype)
+    wgt[:n] = weight
+    return DeviceRows(*(jnp.asarray(a) for a in (idx, val, fld, tgt, wgt)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Static settings of the compiled epoch (hashable: it keys the compile cache).
+
+    Attributes:
+        model: "fm", "ffm" or "fwfm".
+        loss: "logistic", "squared" or "softmax".
+        n_features: p.
+        n_fields: F (1 for FM).
+        batch_size: B.
+        tx: the optax transformation.
+        lazy: pass the touched masks to ``tx`` (the built-in optimizers).
+        l2_linear: L2 on ``w`` coupled into the gradient (0 for FTRL, which has its own).
+        l2_factors: L2 on ``V`` and ``r`` likewise.
+        backend: "pallas", "interpret" or "reference" for the gradient scatter.
+    """
+
+    model: str
+    loss: str
+    n_features: int
+    n_fields: int
+    batch_size: int
+    tx: optax.GradientTransformation
+    lazy: bool
+    l2_linear: float
+    l2_factors: float
+    backend: str
+
+
+@functools.lru_cache(maxsize=64)  # equal settings -> the same tx -> compiled epochs are reused
+def make_optimizer(name, *, model, learning_rate, beta_1, beta_2, epsilon, ftrl_beta, l1_linear,
+                   l1_factors, l2_linear, l2_factors):
+    """The optax transformation for an optimizer name, or a user's transformation.
+
+    ``model`` ("fm", "ffm", "fwfm") names the parameter groups FTRL's L1/L2 apply to.
+
+    Returns:
+        ``(tx, lazy, coupled_l2)``: the transformation, whether it takes the
+        touched masks, and the (l2_linear, l2_factors) to add to the gradient.
+    """
+    if isinstance(name, optax.GradientTransformation):
+        # transformations taking extra arguments get the touched masks (gpustat's
+        # lazy ones use them; optax's own ignore them: dense semantics)
+        return name, isinstance(name, optax.GradientTransformationExtraArgs), \
+            (l2_linear, l2_factors)
+    if name == "sgd":
+        return lazy_sgd(learning_rate), True, (l2_linear, l2_factors)
+    if name == "adagrad":
+        return lazy_adagrad(learning_rate), True, (l2_linear, l2_factors)
+    if name == "adam":
+        return lazy_adam(learning_rate, beta_1, beta_2, epsilon), True, (l2_linear, l2_factors)
+    if name == "ftrl":
+        l1 = {"w0": 0.0, "w": l1_linear, "V": l1_factors}
+        l2 = {"w0": 0.0, "w": l2_linear, "V": l2_factors}
+        if model == "fwfm":
+            l1["r"], l2["r"] = l1_factors, l2_factors
+        return ftrl(learning_rate, ftrl_beta, l1, l2), True, (0.0, 0.0)
+    raise ValueError(f"optimizer must be 'sgd', 'adagrad', 'adam', 'ftrl' or an optax "
+                     f"GradientTransformation, got {name!r}")
+
+
+# ---------------------------------------------------------------- model math
+
+
+def _symmetric_r(r):
+    """(C, F, F) -> r_sym with r_sym[c, a, b] = r[c, min(a, b), max(a, b)]."""
+    upper = jnp.triu(r)
+    return upper + jnp.swapaxes(jnp.triu(r, 1), -1, -2)
+
+
+def _upper_from_ordered(m):
+    """Gradient on the read upper triangle from a sum over ordered field pairs."""
+    f = m.shape[-1]
+    a = jnp.arange(f)
+    both = m + jnp.swapaxes(m, -1, -2)
+    return jnp.where(a[:, None] < a[None, :], both, jnp.where(a[:, None] == a[None, :], m, 0.0))
+
+
+def _pair_weights(val):
+    """(B, z, z) x_a x_b for a != b (unused slots have x = 0)."""
+    z = val.shape[1]
+    off_diag = ~jnp.eye(z, dtype=bool)
+    return jnp.where(off_diag, val[:, :, None] * val[:, None, :], 0.0)
+
+
+def _scores(model, params, idx, val, fld):
+    """(B, C) scores and the intermediates the gradient reuses."""
+    lin = jnp.einsum("bz,bzc->bc", val, params["w"][idx])
+    base = params["w0"][None, :] + lin
+    if model == "fm":
+        xv = val[:, :, None, None] * params["V"][idx]  # (B, z, C, k)
+        q = xv.sum(axis=1)  # (B, C, k)
+        pair = 0.5 * ((q * q).sum(-1) - (xv * xv).sum(axis=(1, 3)))
+        return base + pair, (xv, q)
+    pw = _pair_weights(val)
+    if model == "ffm":
+        # vp[b, a, d] = V[idx_a, :, fld_d, :]: the factor feature a uses against d's field
+        vp = params["V"][idx[:, :, None], :, fld[:, None, :], :]  # (B, z, z, C, k)
+        dots = jnp.einsum("badck,bdack->badc", vp, vp)
+        return base + 0.5 * jnp.einsum("bad,badc->bc", pw, dots), (vp, pw)
+    xv = val[:, :, None, None] * params["V"][idx]  # (B, z, C, k)
+    r_pair = jnp.moveaxis(_symmetric_r(params["r"]), 0, -1)[fld[:, :, None], fld[:, None, :]]
+    off_diag = ~jnp.eye(val.shape[1], dtype=bool)[None, :, :, None]
+    # pairs a != d only: the diagonal of both factors is zeroed
+    r_pair = jnp.where(off_diag, r_pair, 0.0)  # (B, z, z, C)
+    dots = jnp.where(off_diag, jnp.einsum("back,bdck->badc", xv, xv), 0.0)  # x_a x_d <v_a, v_d>
+    return base + 0.5 * (r_pair * dots).sum(axis=(1, 2)), (xv, r_pair, dots)
+
+
+def _loss_grad_and_value(loss, s, target):
+    """dL/ds (B, C) and the per-row loss (B,)."""
+    if loss == "logistic":
+        value = jnp.maximum(s, 0) - s * target + jnp.log1p(jnp.exp(-jnp.abs(s)))
+        return jax.nn.sigmoid(s) - target, value[:, 0]
+    if loss == "squared":
+        return s - target, 0.5 * ((s - target) ** 2)[:, 0]
+    log_p = jax.nn.log_softmax(s, axis=-1)
+    return jnp.exp(log_p) - target, -(target * log_p).sum(-1)
+
+
+def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
+    """Dense batch gradient (data part) and touched masks.
+
+    ``coef`` (B, C) is weight_r dL/ds_r / B. Returns (grads, touched), both
+    pytrees shaped like ``params`` (touched leaves broadcast).
+    """
+    bsz, z = idx.shape
+    n_classes = coef.shape[1]
+    present = (val != 0).astype(val.dtype)  # (B, z)
+    lin_rows = [coef[:, None, :] * val[:, :, None], present[:, :, None]]
+    grads = {"w0": coef.sum(axis=0)}
+    if cfg.model == "fm":
+        xv, q = cache
+        dv = val[:, :, None, None] * q[:, None] - xv * val[:, :, None, None]
+        factor_rows = coef[:, None, :, None] * dv  # (B, z, C, k)
+    elif cfg.model == "ffm":
+        vp, pw = cache
+        onehot = jax.nn.one_hot(fld, cfg.n_fields, dtype=val.dtype)  # (B, z, F)
+        # slot (idx_a, f) collects x_a x_d V[idx_d, f_a] over partners d in field f
+        factor_rows = jnp.einsum("bad,bdf,bdack,bc->bacfk", pw, onehot, vp, coef)
+        partners = (pw != 0).astype(val.dtype)
+        lin_rows.append(jnp.einsum("bad,bdf->baf", partners, onehot))  # slot touch counts
+    else:
+        xv, r_pair, dots = cache
+        dv = val[:, :, None, None] * jnp.einsum("badc,bdck->back", r_pair, xv)
+        factor_rows = coef[:, None, :, None] * dv
+        onehot = jax.nn.one_hot(fld, cfg.n_fields, dtype=val.dtype)
+        ordered = 0.5 * jnp.einsum("bc,badc,baf,bdg->cfg", coef, dots, onehot, onehot)
+        grads["r"] = _upper_from_ordered(ordered)
+        partners = (_pair_weights(present) != 0).astype(val.dtype)
+        pair_counts = _upper_from_ordered(jnp.einsum("bad,baf,bdg->fg", partners, onehot, onehot))
+        r_touched = (pair_counts > 0)[None]
+    scatter = _scatter_fn(cfg.backend)
+    flat_idx = idx.reshape(bsz * z)
+    aux = scatter(flat_idx, jnp.concatenate([r.reshape(bsz * z, -1) for r in lin_rows], axis=1),
+                  cfg.n_features)
+    factors = scatter(flat_idx, factor_rows.reshape(bsz * z, -1), cfg.n_features)
+    grads["w"] = aux[:, :n_classes]
+    feature_touched = (aux[:, n_classes] > 0)[:, None]
+    touched = {"w0": jnp.ones((1,), bool), "w": feature_touched}
+    if cfg.model == "ffm":
+        grads["V"] = factors.reshape(cfg.n_features, n_classes, cfg.n_fields, -1)
+        touched["V"] = (aux[:, n_classes + 1:] > 0)[:, None, :, None]
+    else:
+        grads["V"] = factors.reshape(cfg.n_features, n_classes, -1)
+        touched["V"] = feature_touched[:, :, None]
+    if cfg.model == "fwfm":
+        touched["r"] = r_touched
+    return grads, touched
+
+
+def _scatter_fn(backend):
+    if backend == "reference":
+        return scatter_add_rows_reference
+    return functools.partial(scatter_add_rows, interpret=backend == "interpret")
+
+
+def _add_l2(cfg: TrainConfig, grads, touched, params):
+    """Couple L2 into the gradient of touched coordinates (w: l2_linear; V, r: l2_factors)."""
+    out = dict(grads)
+    for name, lam in (("w", cfg.l2_linear), ("V", cfg.l2_factors), ("r", cfg.l2_factors)):
+        if name in grads and lam:
+            out[name] = jnp.where(touched[name], grads[name] + lam * params[name], grads[name])
+    return out
+
+
+def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
+    idx, val, fld = data.idx[rows], data.val[rows], data.fld[rows]
+    target, weight = data.target[rows], data.weight[rows]
+    s, cache = _scores(cfg.model, params, idx, val, fld)
+    dlds, row_loss = _loss_grad_and_value(cfg.loss, s, target)
+    coef = dlds * (weight / count)[:, None]
+    grads, touched = _gradients(cfg, params, idx, val, fld, coef, cache)
+    grads = _add_l2(cfg, grads, touched, params)
+    if cfg.lazy:
+        updates, opt_state = cfg.tx.update(grads, opt_state, params, touched=touched)
+    else:
+        updates, opt_state = cfg.tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, (weight * row_loss).sum()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order, counts, n_batches):
+    def body(b, carry):
+        params, opt_state, loss_sum = carry
+        params, opt_state, batch_loss = _batch_step(cfg, params, opt_state, data, order[b],
+                                                    counts[b])
+        return params, opt_state, loss_sum + batch_loss
+
+    zero = jnp.zeros((), data.val.dtype)
+    return jax.lax.fori_loop(0, n_batches, body, (params, opt_state, zero))
+
+
+def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
+    """One epoch over the rows in ``order`` (contiguous batches of ``cfg.batch_size``).
+
+    Args:
+        cfg: static settings.
+        params: internal-layout parameters (device arrays).
+        opt_state: the transformation's state.
+        data: the training rows.
+        order: (n,) row visit order.
+
+    Returns:
+        ``(params, opt_state, weighted loss sum over the epoch's rows)``, the
+        loss taken at each batch's frozen parameters.
+    """
+    n_pad = data.idx.shape[0]
+    bsz = cfg.batch_size
+    n_batches = -(-len(order) // bsz)
+    slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
+    padded = np.full(slots, n_pad - 1, np.int32)  # the last row is padding (weight 0)
+    padded[: len(order)] = order
+    counts = np.full(slots // bsz, bsz, np.int32)
+    counts[n_batches - 1] = len(order) - (n_batches - 1) * bsz
+    dtype = data.val.dtype
+    return _train_epoch(cfg, params, opt_state, data, jnp.asarray(padded.reshape(-1, bsz)),
+                        jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decision_scores(model, params, chunk, idx, val, fld):
+    n_pad, z = idx.shape
+
+    def one(args):
+        return _scores(model, params, *args)[0]
+
+    shaped = [a.reshape(n_pad // chunk, chunk, z) for a in (idx, val, fld)]
+    return jax.lax.map(one, shaped).reshape(n_pad, -1)
+
+
+def decision_scores(model: str, params, X: sp.csr_matrix, field_ids: np.ndarray,
+                    dtype) -> np.ndarray:
+    """(n, C) scores of every row of ``X`` (canonical CSR), computed on the device."""
+    n = X.shape[0]
+    data = to_device_rows(X, field_ids, np.zeros((n, 1)), np.zeros(n), dtype)
+    n_pad, z = data.idx.shape
+    chunk = max(1, min(n_pad, (1 << 21) // (z * z)))
+    while n_pad % chunk:
+        chunk //= 2
+    out = _decision_scores(model, params, chunk, data.idx, data.val, data.fld)
+    return np.asarray(out[:n])
+
+
+def scatter_backend(backend: str) -> str:
+    """Resolve the estimators' ``backend=`` to the gradient scatter's path."""
+    return resolve_backend(backend, op="estimators.fit")
