@@ -1,0 +1,211 @@
+"""Pallas kernel: evaluate a piecewise polynomial at a stream of points.
+
+Each program owns ``block_n`` consecutive points (several per thread): one
+masked, vectorised read of x in its own dtype, the piece search, one gather of
+the piece's coefficient row, Horner in the compute dtype, one masked write. The
+coefficient table and search keys are a few KiB and stay in L1/L2 after the
+first programs touch them, so HBM traffic is x once and y once.
+
+Piece search (the result equals ``clip(searchsorted(bp, x, "right") - 1, 0, P-1)``):
+
+* uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
+  comparison with each neighbouring breakpoint makes it exact (O(1));
+* otherwise a branch-free search over the interior breakpoints in Eytzinger
+  (breadth-first) order: ``node = 2 * node + (key[node] <= x)`` for
+  ceil(log2 P) levels. The top five levels share one 128-byte line, so a warp's
+  gathers touch few cache lines; the last key passed on the right is the piece's
+  left breakpoint, so no extra gather is needed. Padding keys are NaN, which
+  compare false like +inf, and a NaN x ends in piece 0 (its output stays NaN).
+
+Coefficients are stored array-of-structures, each piece's D+1 values padded to
+a power-of-two row (16 bytes for a float32 cubic), gathered as one vector.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat.reference.piecewise import EXTRAPOLATE_MODES
+
+__all__ = ["eytzinger_order", "ppoly_eval_pallas"]
+
+# Points per program: 16 per thread at 4 warps in float32, 8 in float64.
+_BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
+
+
+@functools.cache
+def eytzinger_order(levels: int) -> np.ndarray:
+    """Sorted rank stored at each breadth-first node 1..2^levels-1 (entry 0 unused).
+
+    Node k has children 2k and 2k+1; an in-order walk visits ranks 0, 1, 2, ...
+    """
+    size = (1 << levels) - 1
+    order = np.zeros(size + 1, dtype=np.int64)
+    rank = 0
+    stack, node = [], 1
+    while stack or node <= size:
+        while node <= size:
+            stack.append(node)
+            node *= 2
+        node = stack.pop()
+        order[node] = rank
+        rank += 1
+        node = 2 * node + 1
+    return order
+
+
+def _search_levels(num_pieces: int) -> int:
+    """Tree depth holding the P-1 interior breakpoints: 2^levels - 1 >= P - 1."""
+    return (num_pieces - 1).bit_length()
+
+
+def _search_keys(breakpoints: jax.Array, uniform: bool) -> jax.Array:
+    """Sorted breakpoints (uniform path) or the Eytzinger tree of the interior ones."""
+    if uniform:
+        return breakpoints
+    levels = _search_levels(breakpoints.shape[0] - 1)
+    interior = breakpoints[1:-1]
+    pad = jnp.full(((1 << levels) - 1 - interior.shape[0],), jnp.nan, breakpoints.dtype)
+    sorted_keys = jnp.concatenate([interior, pad])
+    order = eytzinger_order(levels)
+    return jnp.concatenate([jnp.full((1,), jnp.nan, breakpoints.dtype),
+                            sorted_keys[order[1:]]])
+
+
+def _column(rows, cols, k):
+    """Column k of a (block, width) block of rows, kept in registers."""
+    return jnp.sum(jnp.where(cols[None, :] == k, rows, 0), axis=1)
+
+
+def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: int,
+                       block_n: int, num_pieces: int, degree: int, uniform: bool,
+                       extrapolate: str, gather: str):
+    offsets = pl.program_id(0) * block_n + jnp.arange(block_n)
+    in_range = offsets < size
+    x_raw = plt.load(x_ref.at[offsets], mask=in_range, other=0)
+    dtype = rows_ref.dtype
+    x = x_raw.astype(dtype)
+    lo, hi, scale = params_ref[0], params_ref[1], params_ref[2]
+    if extrapolate == "clamp":  # comparisons keep NaN as NaN
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+    elif extrapolate == "periodic":
+        x = lo + jnp.mod(x - lo, hi - lo)
+
+    if uniform:
+        t = jnp.floor((x - lo) * scale)
+        t = jnp.where(t == t, jnp.clip(t, 0, num_pieces - 1), 0)  # NaN -> 0 before the cast
+        guess = t.astype(jnp.int32)
+        left = keys_ref[guess]
+        right = keys_ref[guess + 1]
+        up = (guess < num_pieces - 1) & (x >= right)
+        down = (guess > 0) & (x < left)
+        below = plt.load(keys_ref.at[jnp.maximum(guess - 1, 0)], mask=down, other=0)
+        index = guess + up.astype(jnp.int32) - down.astype(jnp.int32)
+        knot = jnp.where(up, right, jnp.where(down, below, left))
+    else:
+        levels = _search_levels(num_pieces)
+        node = jnp.ones((block_n,), jnp.int32)
+        knot = jnp.full((block_n,), lo, dtype)
+        for _ in range(levels):
+            key = keys_ref[node]
+            go_right = key <= x
+            knot = jnp.where(go_right, key, knot)
+            node = 2 * node + go_right.astype(jnp.int32)
+        index = node - (1 << levels)
+
+    u = x - knot
+    width = rows_ref.shape[1]
+    if gather == "row":  # one vector gather of the padded coefficient row
+        cols = jnp.arange(width)
+        rows = rows_ref[index[:, None], cols[None, :]]
+        coeff = functools.partial(_column, rows, cols)
+    else:  # one scalar gather per coefficient
+        def coeff(k):
+            return rows_ref[index, k]
+    # Horner in the compute dtype; a zero accumulator restarts (no 0 * inf at +-inf).
+    y = coeff(0)
+    for k in range(1, degree + 1):
+        c = coeff(k)
+        y = jnp.where(y == 0, c, y * u + c)
+    if extrapolate == "nan":
+        y = jnp.where((x < lo) | (x > hi), jnp.nan, y)
+    plt.store(out_ref.at[offsets], y.astype(out_ref.dtype), mask=in_range)
+
+
+@functools.partial(jax.jit, static_argnames=("extrapolate", "uniform", "interpret", "block_n",
+                                             "num_warps", "gather"))
+def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *,
+                      extrapolate: str = "extend", uniform: bool = False,
+                      interpret: bool = False, block_n: int | None = None, num_warps: int = 4,
+                      gather: str = "row") -> jax.Array:
+    """Kernel twin of :func:`gpustat.reference.piecewise.ppoly_eval_reference` (no trailing axes).
+
+    Args:
+        breakpoints: (P+1,) strictly increasing, in the compute dtype.
+        coeffs: (D+1, P) in the compute dtype (float32 or float64).
+        x: (n,) any floating dtype; read and written in that dtype.
+        extrapolate: one of "extend", "nan", "clamp", "periodic".
+        uniform: breakpoints lie within h/4 of a uniform grid (O(1) index).
+        interpret: run in interpret mode.
+        block_n: points per program (power of two); default by dtype.
+        num_warps: Triton warps per program.
+        gather: "row" (one vector gather per point) or "column" (D+1 scalar gathers).
+
+    Returns:
+        (n,) in x's dtype.
+    """
+    if extrapolate not in EXTRAPOLATE_MODES:
+        raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
+    dtype = coeffs.dtype
+    size = x.shape[0]
+    if size == 0:
+        return jnp.zeros((0,), x.dtype)
+    degree, num_pieces = coeffs.shape[0] - 1, coeffs.shape[1]
+    width = next_pow2(degree + 1)
+    rows = jnp.zeros((num_pieces, width), dtype).at[:, : degree + 1].set(coeffs.T)
+    keys = _search_keys(breakpoints.astype(dtype), uniform)
+    lo, hi = breakpoints[0].astype(dtype), breakpoints[-1].astype(dtype)
+    params = jnp.stack([lo, hi, num_pieces / (hi - lo), jnp.zeros((), dtype)])
+    block = min(block_n or _BLOCK_N[jnp.dtype(dtype)], next_pow2(size))
+    kernel = functools.partial(
+        _ppoly_eval_kernel, size=size, block_n=block, num_pieces=num_pieces, degree=degree,
+        uniform=uniform, extrapolate=extrapolate, gather=gather)
+    return pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((size,), x.dtype),
+        grid=(pl.cdiv(size, block),),
+        interpret=interpret,
+        num_warps=num_warps,
+    )(x, keys, rows, params)
+
+
+def _register_lowering_cases() -> None:
+    cases = [  # (x dtype, table dtype, uniform, extrapolate, gather)
+        (jnp.float32, jnp.float32, False, "extend", "row"),
+        (jnp.float32, jnp.float32, True, "clamp", "row"),
+        (jnp.float32, jnp.float32, False, "periodic", "column"),
+        (jnp.bfloat16, jnp.float32, True, "nan", "row"),
+        (jnp.float64, jnp.float64, False, "nan", "row"),
+        (jnp.float64, jnp.float64, True, "extend", "column"),
+    ]
+    num_pieces, degree = 256, 3
+    for x_dtype, dtype, uniform, extrapolate, gather in cases:
+        fn = functools.partial(ppoly_eval_pallas, extrapolate=extrapolate, uniform=uniform,
+                               gather=gather)
+        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
+                f"{extrapolate},{gather}]")
+        register_lowering_case("piecewise", name, fn, [
+            jax.ShapeDtypeStruct((num_pieces + 1,), dtype),
+            jax.ShapeDtypeStruct((degree + 1, num_pieces), dtype),
+            jax.ShapeDtypeStruct((5000,), x_dtype),
+        ])
+
+
+_register_lowering_cases()

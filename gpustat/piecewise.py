@@ -1,0 +1,374 @@
+"""Piecewise polynomials (PwPA): the object, evaluation, derivatives, converters.
+
+A :class:`PiecewisePolynomial` has scipy ``PPoly`` semantics: breakpoints
+``x_0 < ... < x_P`` and coefficients ``c`` of shape (D+1, P, *t), highest power
+first, in the local coordinate u = x - x_i of piece i::
+
+    p(x) = sum_{k=0}^{D} c[k, i] * u ** (D - k)
+    i = clip(searchsorted(breakpoints, x, "right") - 1, 0, P-1)
+
+Trailing axes ``t`` hold several polynomials on shared breakpoints (a spline
+basis is one such object). Evaluation dispatches to a Pallas kernel on CUDA
+GPUs (O(1) index for uniform breakpoints, branch-free Eytzinger search
+otherwise) and to the pure ``jax.numpy`` reference elsewhere.
+
+Reference: M. Sangiorgi, "CUDAification of PACE: optimization of PwPA
+kernels", University of Bologna (2025); torchPACE v1.0.0. Semantics follow
+``scipy.interpolate.PPoly``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from gpustat._backend import resolve_backend
+from gpustat.reference import piecewise as ref
+
+__all__ = [
+    "EXTRAPOLATE_MODES",
+    "PiecewisePolynomial",
+    "aos_to_soa",
+    "ppoly_eval",
+    "soa_to_aos",
+]
+
+EXTRAPOLATE_MODES = ref.EXTRAPOLATE_MODES
+
+# Breakpoints within this fraction of a piece width of the uniform grid take the
+# O(1) index path (its one-step correction makes the result exact up to h/2 off).
+_UNIFORM_SLACK = 0.25
+
+
+def _is_concrete(*arrays) -> bool:
+    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _check_extrapolate(extrapolate) -> str:
+    if extrapolate not in EXTRAPOLATE_MODES:
+        raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
+    return extrapolate
+
+
+def _detect_uniform(breakpoints: np.ndarray) -> bool:
+    num_pieces = breakpoints.shape[0] - 1
+    h = (breakpoints[-1] - breakpoints[0]) / num_pieces
+    grid = breakpoints[0] + h * np.arange(num_pieces + 1)
+    return bool(np.max(np.abs(breakpoints - grid)) <= _UNIFORM_SLACK * h)
+
+
+@jax.tree_util.register_pytree_node_class
+class PiecewisePolynomial:
+    """A piecewise polynomial with scipy ``PPoly`` semantics, usable inside ``jax.jit``.
+
+    A pytree: the leaves are ``breakpoints`` and ``coeffs`` (so it passes through
+    ``jit``/``vmap``/``grad``); ``extrapolate`` and the uniform-grid flag are
+    static. Gradients flow to ``coeffs`` (learnable activations) and to the
+    evaluation points; breakpoints are constants.
+
+    Args:
+        breakpoints: (P+1,) strictly increasing, finite floats.
+        coeffs: (D+1, P, *t) floats, highest power first, local coordinate
+            x - breakpoints[i]; breakpoints are stored in ``coeffs``' dtype.
+        extrapolate: "extend" (end pieces continue), "nan" (NaN outside
+            [x_0, x_P]), "clamp" (evaluate at clip(x, x_0, x_P)) or "periodic".
+
+    Raises:
+        ValueError: wrong ranks or sizes, fewer than two breakpoints, unknown
+            ``extrapolate``; for concrete breakpoints also non-finite, unsorted or
+            duplicate values (checks on values are skipped for tracers).
+        TypeError: non-floating ``coeffs`` or ``breakpoints``.
+    """
+
+    def __init__(self, breakpoints: Float[ArrayLike, " P1"], coeffs: Float[ArrayLike, "D1 P *t"],
+                 extrapolate: str = "extend"):
+        self.extrapolate = _check_extrapolate(extrapolate)
+        coeffs = jnp.asarray(coeffs)
+        breakpoints = jnp.asarray(breakpoints)
+        for name, arr in (("coeffs", coeffs), ("breakpoints", breakpoints)):
+            if not jnp.issubdtype(arr.dtype, jnp.floating):
+                raise TypeError(f"{name} must be a floating array, got {name}.dtype={arr.dtype}")
+        if breakpoints.ndim != 1 or breakpoints.shape[0] < 2:
+            raise ValueError(f"breakpoints must have shape (P+1,) with P >= 1, got "
+                             f"{breakpoints.shape=}")
+        if coeffs.ndim < 2 or coeffs.shape[1] != breakpoints.shape[0] - 1:
+            raise ValueError(f"coeffs must have shape (D+1, P, *t) with P = len(breakpoints) - 1 = "
+                             f"{breakpoints.shape[0] - 1}, got {coeffs.shape=}")
+        breakpoints = breakpoints.astype(coeffs.dtype)
+        self.uniform = False
+        if _is_concrete(breakpoints):
+            bp = np.asarray(breakpoints, dtype=np.float64)
+            if not np.all(np.isfinite(bp)):
+                raise ValueError(f"breakpoints must be finite, got {int(np.sum(~np.isfinite(bp)))} "
+                                 f"non-finite value(s) in {breakpoints.shape=}")
+            steps = np.diff(bp)
+            if np.any(steps <= 0):
+                k = int(np.argmax(steps <= 0))
+                raise ValueError(
+                    f"breakpoints must be strictly increasing (in {coeffs.dtype}), got "
+                    f"breakpoints[{k}]={bp[k]!r} >= breakpoints[{k + 1}]={bp[k + 1]!r}")
+            self.uniform = _detect_uniform(bp)
+        self.breakpoints = breakpoints
+        self.coeffs = coeffs
+
+    # -- pytree -------------------------------------------------------------------
+    def tree_flatten(self):
+        return (self.breakpoints, self.coeffs), (self.extrapolate, self.uniform)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        obj.breakpoints, obj.coeffs = children
+        obj.extrapolate, obj.uniform = aux
+        return obj
+
+    def _replace(self, coeffs, extrapolate=None) -> PiecewisePolynomial:
+        obj = self.tree_unflatten((extrapolate or self.extrapolate, self.uniform),
+                                  (self.breakpoints, coeffs))
+        return obj
+
+    # -- shape ----------------------------------------------------------------------
+    @property
+    def degree(self) -> int:
+        """Polynomial degree D (``coeffs.shape[0] - 1``)."""
+        return self.coeffs.shape[0] - 1
+
+    @property
+    def num_pieces(self) -> int:
+        """Number of pieces P."""
+        return self.coeffs.shape[1]
+
+    @property
+    def trailing_shape(self) -> tuple[int, ...]:
+        """Shape t of the trailing axes (several polynomials on shared breakpoints)."""
+        return tuple(self.coeffs.shape[2:])
+
+    @property
+    def dtype(self):
+        """Dtype of the coefficients and breakpoints."""
+        return self.coeffs.dtype
+
+    def __repr__(self) -> str:
+        return (f"PiecewisePolynomial(pieces={self.num_pieces}, degree={self.degree}, "
+                f"trailing={self.trailing_shape}, dtype={self.dtype}, "
+                f"extrapolate={self.extrapolate!r}, uniform={self.uniform})")
+
+    # -- calculus ----------------------------------------------------------------------
+    def __call__(self, x: ArrayLike, nu: int = 0, *, backend: str = "auto") -> Array:
+        """Evaluate at ``x`` (any shape); see :func:`ppoly_eval`."""
+        return ppoly_eval(self, x, nu=nu, backend=backend)
+
+    def derivative(self, nu: int = 1) -> PiecewisePolynomial:
+        """The nu-th derivative (nu >= 0) as a new object of degree max(D - nu, 0)."""
+        _check_order(nu, "nu")
+        return self._replace(ref.derivative_coeffs(self.coeffs, nu))
+
+    def antiderivative(self, nu: int = 1) -> PiecewisePolynomial:
+        """The nu-th antiderivative, zero at x_0 and continuous (scipy's convention).
+
+        As in scipy, a periodic polynomial's antiderivative is not periodic: its
+        ``extrapolate`` becomes "nan".
+        """
+        _check_order(nu, "nu")
+        mode = "nan" if self.extrapolate == "periodic" else self.extrapolate
+        return self._replace(ref.antiderivative_coeffs(self.breakpoints, self.coeffs, nu), mode)
+
+    def integrate(self, a: ArrayLike, b: ArrayLike) -> Array:
+        """Definite integral over [a, b] with scipy ``PPoly.integrate`` semantics.
+
+        Args:
+            a, b: scalar bounds (arrays broadcast); b < a flips the sign.
+
+        Returns:
+            (*t,) in ``self.dtype``: NaN under "nan" when a bound is outside
+            [x_0, x_P]; "clamp" integrates the clamped function.
+        """
+        return ref.integrate_reference(self.breakpoints, self.coeffs, a, b,
+                                       extrapolate=self.extrapolate)
+
+    # -- converters ---------------------------------------------------------------------
+    @classmethod
+    def from_scipy(cls, ppoly, dtype=None) -> PiecewisePolynomial:
+        """From ``scipy.interpolate.PPoly`` (extrapolate True -> "extend", False -> "nan")."""
+        mode = {True: "extend", False: "nan", "periodic": "periodic"}[ppoly.extrapolate]
+        coeffs = np.asarray(ppoly.c, dtype=dtype or np.float64)
+        return cls(np.asarray(ppoly.x, dtype=coeffs.dtype), coeffs, extrapolate=mode)
+
+    def to_scipy(self):
+        """As a float64 ``scipy.interpolate.PPoly`` ("clamp" has no scipy twin: ValueError)."""
+        from scipy.interpolate import PPoly
+
+        if self.extrapolate == "clamp":
+            raise ValueError("extrapolate='clamp' has no scipy.interpolate.PPoly equivalent")
+        mode = {"extend": True, "nan": False, "periodic": "periodic"}[self.extrapolate]
+        return PPoly(np.asarray(self.coeffs, np.float64), np.asarray(self.breakpoints, np.float64),
+                     extrapolate=mode)
+
+    @classmethod
+    def from_torchpace(cls, coeffs: ArrayLike, partition_points: ArrayLike, aos: bool = True,
+                       extrapolate: str = "extend", dtype=None) -> PiecewisePolynomial:
+        """From torchPACE's ``pwpa`` arguments (global-coordinate coefficients).
+
+        torchPACE evaluates each piece's polynomial at the global x; this shifts
+        every piece to its local coordinate exactly (Taylor shift in float64).
+        torchPACE sends x >= partition_points[P] to piece 0; here the last piece
+        continues (or follows ``extrapolate``).
+
+        Args:
+            coeffs: (P, D+1) when ``aos`` else (D+1, P), highest power first.
+            partition_points: (P+1,) strictly increasing.
+            aos: layout of ``coeffs``.
+            dtype: result dtype (default: ``coeffs``' floating dtype).
+        """
+        global_coeffs = np.asarray(coeffs, dtype=np.float64)
+        if global_coeffs.ndim != 2:
+            raise ValueError(f"coeffs must be 2-D, got {global_coeffs.shape=}")
+        soa = aos_to_soa(global_coeffs) if aos else global_coeffs
+        points = np.asarray(partition_points, dtype=np.float64)
+        if points.shape != (soa.shape[1] + 1,):
+            raise ValueError(f"partition_points must have shape (P+1,) = ({soa.shape[1] + 1},), "
+                             f"got {points.shape=}")
+        local = _taylor_shift(soa, points[:-1])
+        out_dtype = dtype or (np.asarray(coeffs).dtype if np.issubdtype(np.asarray(coeffs).dtype,
+                                                                        np.floating) else None)
+        return cls(points, jnp.asarray(local, dtype=out_dtype), extrapolate=extrapolate)
+
+    def to_torchpace(self, aos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(coeffs, partition_points) in torchPACE's global-coordinate layout (float64).
+
+        Only for objects without trailing axes. Global coefficients lose accuracy
+        far from the origin; the local form held here does not.
+        """
+        if self.trailing_shape:
+            raise ValueError(f"to_torchpace needs coeffs (D+1, P), got {self.coeffs.shape=}")
+        points = np.asarray(self.breakpoints, np.float64)
+        global_coeffs = _taylor_shift(np.asarray(self.coeffs, np.float64), -points[:-1])
+        return (soa_to_aos(global_coeffs) if aos else global_coeffs), points
+
+
+def _check_order(nu, name: str) -> None:
+    if not isinstance(nu, int | np.integer) or nu < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {name}={nu!r}")
+
+
+def _taylor_shift(coeffs: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Coefficients of q_i(u) = p_i(u + s_i), both highest power first; (D+1, P) float64.
+
+    q's coefficient of u^j is p^(j)(s_i) / j!: repeated synthetic division.
+    """
+    work = coeffs.copy()
+    degree = work.shape[0] - 1
+    for stop in range(degree, 0, -1):
+        for k in range(1, stop + 1):
+            work[k] += work[k - 1] * shifts
+    return work
+
+
+def aos_to_soa(coeffs: ArrayLike) -> Array:
+    """torchPACE's array-of-structures (P, D+1) layout to (D+1, P)."""
+    coeffs = jnp.asarray(coeffs) if not isinstance(coeffs, np.ndarray) else coeffs
+    if coeffs.ndim != 2:
+        raise ValueError(f"coeffs must have shape (P, D+1), got {coeffs.shape=}")
+    return coeffs.T
+
+
+def soa_to_aos(coeffs: ArrayLike) -> Array:
+    """(D+1, P) structure-of-arrays layout to torchPACE's (P, D+1)."""
+    coeffs = jnp.asarray(coeffs) if not isinstance(coeffs, np.ndarray) else coeffs
+    if coeffs.ndim != 2:
+        raise ValueError(f"coeffs must have shape (D+1, P), got {coeffs.shape=}")
+    return coeffs.T
+
+
+def _compute_dtype(x_dtype, coeff_dtype):
+    """float64 x -> float64, other floats -> float32, non-floats -> the coefficients' dtype."""
+    if jnp.issubdtype(x_dtype, jnp.floating):
+        return jnp.dtype(jnp.float64) if x_dtype == jnp.float64 else jnp.dtype(jnp.float32)
+    return jnp.dtype(coeff_dtype)
+
+
+def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int = 0,
+               backend: str = "auto") -> Float[Array, " *s_and_t"]:
+    """Evaluate a piecewise polynomial (or its nu-th derivative) at every x.
+
+    Args:
+        pp: the piecewise polynomial; coefficients (D+1, P, *t).
+        x: evaluation points, any shape. float64 computes in float64; float32,
+            float16 and bfloat16 compute in float32 (coefficients are cast to the
+            compute dtype); integer and bool x compute in ``pp.dtype``.
+        nu: derivative order >= 0 (use ``pp.antiderivative`` for integrals).
+        backend: "auto" (Pallas kernel on a CUDA GPU, else the reference),
+            "pallas", "interpret" or "reference".
+
+    Returns:
+        (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
+        NaN; x = +-inf gives the polynomial's limit under "extend", the end
+        values under "clamp", NaN under "nan" and "periodic".
+
+    Raises:
+        TypeError: ``pp`` is not a :class:`PiecewisePolynomial` or x is complex.
+        ValueError: negative ``nu`` or an unknown ``backend``.
+
+    Differentiable (``jax.grad``/``jax.jvp``) in x (through the derivative piece)
+    and in ``pp.coeffs``; breakpoints are constants.
+    """
+    if not isinstance(pp, PiecewisePolynomial):
+        raise TypeError(f"pp must be a PiecewisePolynomial, got {type(pp).__name__}")
+    _check_order(nu, "nu")
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise TypeError(f"x must be real, got {x.dtype=}")
+    cdt = _compute_dtype(x.dtype, pp.dtype)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(cdt)
+    path = resolve_backend(backend, op="ppoly_eval")
+    coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
+    # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
+    return _evaluate(pp.breakpoints.astype(cdt), coeffs, x, (pp.extrapolate, pp.uniform, path))
+
+
+def _dispatch(breakpoints, coeffs, x, config):
+    extrapolate, uniform, path = config
+    if path == "reference":
+        return ref.ppoly_eval_reference(breakpoints, coeffs, x, extrapolate=extrapolate,
+                                        uniform=uniform).astype(x.dtype)
+    from gpustat.pallas.piecewise import ppoly_eval_pallas
+
+    trailing = coeffs.shape[2:]
+    flat_x = x.reshape(-1)
+    flat_c = coeffs.reshape((*coeffs.shape[:2], math.prod(trailing)))
+    kernel = functools.partial(ppoly_eval_pallas, extrapolate=extrapolate, uniform=uniform,
+                               interpret=path == "interpret")
+    # Several polynomials on shared breakpoints: one kernel launch per trailing
+    # entry (vmap over the last axis adds it to the kernel's grid).
+    y = jax.vmap(lambda c: kernel(breakpoints, c, flat_x), in_axes=2, out_axes=1)(flat_c)
+    return y.reshape(x.shape + trailing)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _evaluate(breakpoints, coeffs, x, config):
+    return _dispatch(breakpoints, coeffs, x, config)
+
+
+@_evaluate.defjvp
+def _evaluate_jvp(config, primals, tangents):
+    breakpoints, coeffs, x = primals
+    _, coeffs_dot, x_dot = tangents
+    extrapolate, uniform, _ = config
+    y = _evaluate(breakpoints, coeffs, x, config)
+    slope = _evaluate(breakpoints, ref.derivative_coeffs(coeffs, 1), x, config)
+    if extrapolate == "clamp":  # clip(x) is flat outside [x_0, x_P]
+        inside = (x >= breakpoints[0]) & (x <= breakpoints[-1])
+        slope = jnp.where(inside.reshape(inside.shape + (1,) * (coeffs.ndim - 2)), slope, 0.0)
+    trailing = (1,) * (coeffs.ndim - 2)
+    # The coefficient tangent is linear in coeffs_dot: the reference gather keeps
+    # it transposable for reverse mode.
+    y_dot = ref.ppoly_eval_reference(breakpoints, coeffs_dot, x, extrapolate=extrapolate,
+                                     uniform=uniform, skip_leading_zeros=False)
+    y_dot = y_dot + slope * x_dot.reshape(x_dot.shape + trailing)
+    return y, y_dot.astype(y.dtype)

@@ -1,0 +1,208 @@
+"""Piecewise polynomials in pure ``jax.numpy``: the meaning of every piecewise op.
+
+A piecewise polynomial of degree D on P pieces has breakpoints
+``x_0 < x_1 < ... < x_P`` and coefficients ``c`` of shape (D+1, P, *t), highest
+power first, in the **local** coordinate of each piece (scipy ``PPoly``)::
+
+    p(x) = sum_k c[k, i] * (x - x_i) ** (D - k)
+    i = clip(searchsorted(breakpoints, x, side="right") - 1, 0, P-1)
+
+Piece i covers [x_i, x_{i+1}); the last piece also covers x_P. Out-of-range
+points follow ``extrapolate``: "extend" (end pieces continue), "nan", "clamp"
+(evaluate at clip(x, x_0, x_P)) or "periodic" (x_0 + (x - x_0) mod (x_P - x_0)).
+
+Evaluation uses Horner's rule that skips leading zero coefficients, so the
+polynomial's limit comes out at x = +-inf (plain Horner or scipy's power sum
+give NaN from 0 * inf there). Every function here is elementwise over ``x`` and
+differentiable in the coefficients; breakpoints are constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = [
+    "EXTRAPOLATE_MODES",
+    "antiderivative_coeffs",
+    "derivative_coeffs",
+    "horner",
+    "integrate_reference",
+    "map_to_domain",
+    "piece_index",
+    "piece_index_uniform",
+    "ppoly_eval_reference",
+]
+
+EXTRAPOLATE_MODES = ("extend", "nan", "clamp", "periodic")
+
+
+def horner(coeffs: jax.Array, u: jax.Array, skip_leading_zeros: bool = True) -> jax.Array:
+    """sum_k coeffs[k] * u ** (D - k) by Horner's rule, skipping leading zeros.
+
+    ``acc == 0`` restarts at the next coefficient: for finite u this equals
+    ``0 * u + c`` exactly, and at u = +-inf it avoids 0 * inf.
+
+    Args:
+        coeffs: (D+1, ...) highest power first, broadcastable against ``u``.
+        u: local coordinate.
+        skip_leading_zeros: False gives plain Horner, linear (and so transposable)
+            in ``coeffs``: the form a coefficient tangent needs.
+    """
+    acc = jnp.broadcast_to(coeffs[0], jnp.broadcast_shapes(coeffs.shape[1:], u.shape))
+    for k in range(1, coeffs.shape[0]):
+        step = acc * u + coeffs[k]
+        acc = jnp.where(acc == 0, coeffs[k], step) if skip_leading_zeros else step
+    return acc
+
+
+def map_to_domain(breakpoints: jax.Array, x: jax.Array, extrapolate: str) -> jax.Array:
+    """Apply the ``extrapolate`` rule that moves x before the piece search.
+
+    "clamp" clips to [x_0, x_P] (NaN stays NaN); "periodic" folds into
+    [x_0, x_P) like scipy (``x_0 + (x - x_0) % period``); the others leave x.
+    """
+    lo, hi = breakpoints[0], breakpoints[-1]
+    if extrapolate == "clamp":
+        return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+    if extrapolate == "periodic":
+        return lo + jnp.mod(x - lo, hi - lo)
+    return x
+
+
+def piece_index(breakpoints: jax.Array, x: jax.Array) -> jax.Array:
+    """Piece of each x: clip(searchsorted(breakpoints, x, "right") - 1, 0, P-1).
+
+    Counting the interior breakpoints <= x gives the clipped index directly.
+    """
+    return jnp.searchsorted(breakpoints[1:-1], x, side="right").astype(jnp.int32)
+
+
+def piece_index_uniform(breakpoints: jax.Array, x: jax.Array) -> jax.Array:
+    """:func:`piece_index` in O(1) for (near-)uniform breakpoints.
+
+    ``floor((x - x_0) / h)`` is within one piece of the answer when every
+    breakpoint lies within h/4 of the uniform grid; one comparison with each
+    neighbouring breakpoint makes it exact. The float-to-int conversion comes
+    before the clip, so +-inf and NaN never reach an index.
+    """
+    num_pieces = breakpoints.shape[0] - 1
+    lo, hi = breakpoints[0], breakpoints[-1]
+    t = jnp.floor((x - lo) * (num_pieces / (hi - lo)))
+    guess = jnp.clip(jnp.where(jnp.isnan(t), 0, t), -1, num_pieces).astype(jnp.int32)
+    guess = jnp.clip(guess, 0, num_pieces - 1)
+    up = (guess < num_pieces - 1) & (x >= breakpoints[jnp.minimum(guess + 1, num_pieces)])
+    down = (guess > 0) & (x < breakpoints[guess])
+    return guess + up.astype(jnp.int32) - down.astype(jnp.int32)
+
+
+def derivative_coeffs(coeffs: jax.Array, nu: int = 1) -> jax.Array:
+    """Coefficients of the nu-th derivative (nu >= 0), shape (max(D+1-nu, 1), P, *t)."""
+    degree = coeffs.shape[0] - 1
+    if nu == 0:
+        return coeffs
+    if nu > degree:
+        return jnp.zeros((1, *coeffs.shape[1:]), coeffs.dtype)
+    powers = range(degree, nu - 1, -1)  # powers of the surviving coefficients
+    factors = jnp.asarray([math.perm(k, nu) for k in powers], coeffs.dtype)
+    return coeffs[: degree + 1 - nu] * factors.reshape((-1,) + (1,) * (coeffs.ndim - 1))
+
+
+def antiderivative_coeffs(breakpoints: jax.Array, coeffs: jax.Array, nu: int = 1) -> jax.Array:
+    """Coefficients of the nu-th antiderivative, zero at x_0 and continuous (scipy's).
+
+    Each step divides by the new powers and sets the constant term of piece i
+    to the integral over pieces 0..i-1 (an exclusive cumulative sum).
+    """
+    widths = jnp.diff(breakpoints).astype(coeffs.dtype)
+    for _ in range(nu):
+        degree = coeffs.shape[0] - 1
+        divisors = jnp.arange(degree + 1, 0, -1, dtype=coeffs.dtype)
+        lifted = coeffs / divisors.reshape((-1,) + (1,) * (coeffs.ndim - 1))
+        zero_const = jnp.zeros((1, *coeffs.shape[1:]), coeffs.dtype)
+        lifted = jnp.concatenate([lifted, zero_const])
+        w = widths.reshape((-1,) + (1,) * (coeffs.ndim - 2))
+        piece_integrals = horner(lifted, w)
+        offsets = jnp.cumsum(piece_integrals, axis=0) - piece_integrals
+        coeffs = lifted.at[-1].set(offsets)
+    return coeffs
+
+
+def ppoly_eval_reference(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *,
+                         extrapolate: str = "extend", uniform: bool = False,
+                         skip_leading_zeros: bool = True) -> jax.Array:
+    """Evaluate the piecewise polynomial at every x.
+
+    Args:
+        breakpoints: (P+1,) strictly increasing, finite.
+        coeffs: (D+1, P, *t) highest power first, local coordinate.
+        x: any shape; computed in ``coeffs``' dtype (cast first).
+        extrapolate: one of :data:`EXTRAPOLATE_MODES`.
+        uniform: use the O(1) index (:func:`piece_index_uniform`) instead of a search.
+        skip_leading_zeros: see :func:`horner` (False: linear in ``coeffs``).
+
+    Returns:
+        (*x.shape, *t) in ``coeffs``' dtype.
+    """
+    x = jnp.asarray(x, coeffs.dtype)
+    breakpoints = lax.stop_gradient(breakpoints.astype(coeffs.dtype))
+    xm = map_to_domain(breakpoints, x, extrapolate)
+    index = (piece_index_uniform if uniform else piece_index)(breakpoints, xm)
+    u = xm - breakpoints[index]
+    trailing = coeffs.ndim - 2
+    y = horner(coeffs[:, index], u.reshape(u.shape + (1,) * trailing), skip_leading_zeros)
+    if extrapolate == "nan":
+        outside = (x < breakpoints[0]) | (x > breakpoints[-1])
+        y = jnp.where(outside.reshape(outside.shape + (1,) * trailing), jnp.nan, y)
+    return y
+
+
+def integrate_reference(breakpoints: jax.Array, coeffs: jax.Array, a, b, *,
+                        extrapolate: str = "extend") -> jax.Array:
+    """Definite integral over [a, b] with scipy ``PPoly.integrate`` semantics.
+
+    "nan" gives NaN when a bound leaves [x_0, x_P]; "periodic" counts whole
+    periods and wraps the rest; "clamp" integrates the clamped function (the
+    end values continue as constants). b < a flips the sign.
+
+    Returns:
+        (*t,) for scalar bounds (bounds broadcast over leading axes otherwise).
+    """
+    anti = antiderivative_coeffs(breakpoints, coeffs, 1)
+    trailing = coeffs.ndim - 2
+    a = jnp.asarray(a, coeffs.dtype)
+    b = jnp.asarray(b, coeffs.dtype)
+    sign = jnp.where(b < a, -1.0, 1.0).astype(coeffs.dtype)
+    a, b = jnp.minimum(a, b), jnp.maximum(a, b)
+
+    def expand(v):
+        return v.reshape(v.shape + (1,) * trailing)
+
+    def anti_at(v, mode):
+        return ppoly_eval_reference(breakpoints, anti, v, extrapolate=mode)
+
+    lo, hi = breakpoints[0].astype(coeffs.dtype), breakpoints[-1].astype(coeffs.dtype)
+    if extrapolate == "periodic":
+        period = hi - lo
+        n_periods = jnp.floor((b - a) / period)
+        left = (b - a) - n_periods * period
+        full = anti_at(hi, "extend")
+        a0 = lo + jnp.mod(a - lo, period)
+        b0 = a0 + left
+        wraps = b0 > hi
+        inside = anti_at(jnp.minimum(b0, hi), "extend") - anti_at(a0, "extend")
+        wrapped = anti_at(lo + (b0 - hi), "extend")
+        total = expand(n_periods) * full + inside + jnp.where(expand(wraps), wrapped, 0.0)
+    elif extrapolate == "clamp":
+        ac, bc = jnp.clip(a, lo, hi), jnp.clip(b, lo, hi)
+        y_lo = ppoly_eval_reference(breakpoints, coeffs, lo, extrapolate="extend")
+        y_hi = ppoly_eval_reference(breakpoints, coeffs, hi, extrapolate="extend")
+        below = expand(jnp.clip(lo - a, 0.0) - jnp.clip(lo - b, 0.0))
+        above = expand(jnp.clip(b - hi, 0.0) - jnp.clip(a - hi, 0.0))
+        total = anti_at(bc, "extend") - anti_at(ac, "extend") + below * y_lo + above * y_hi
+    else:
+        total = anti_at(b, extrapolate) - anti_at(a, extrapolate)
+    return expand(sign) * total
