@@ -134,6 +134,7 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
     for k in range(1, degree + 1):
         c = coeff(k)
         y = jnp.where(y == 0, c, y * u + c)
+    y = jnp.where(u != u, u, y)  # NaN in, NaN out (also for an all-zero piece)
     if extrapolate == "nan":
         y = jnp.where((x < lo) | (x > hi), jnp.nan, y)
     plt.store(out_ref.at[offsets], y.astype(out_ref.dtype), mask=in_range)

@@ -44,7 +44,8 @@ def horner(coeffs: jax.Array, u: jax.Array, skip_leading_zeros: bool = True) -> 
     """sum_k coeffs[k] * u ** (D - k) by Horner's rule, skipping leading zeros.
 
     ``acc == 0`` restarts at the next coefficient: for finite u this equals
-    ``0 * u + c`` exactly, and at u = +-inf it avoids 0 * inf.
+    ``0 * u + c`` exactly, and at u = +-inf it avoids 0 * inf. A NaN u gives NaN
+    (also for an all-zero polynomial).
 
     Args:
         coeffs: (D+1, ...) highest power first, broadcastable against ``u``.
@@ -56,7 +57,7 @@ def horner(coeffs: jax.Array, u: jax.Array, skip_leading_zeros: bool = True) -> 
     for k in range(1, coeffs.shape[0]):
         step = acc * u + coeffs[k]
         acc = jnp.where(acc == 0, coeffs[k], step) if skip_leading_zeros else step
-    return acc
+    return jnp.where(u != u, u, acc) if skip_leading_zeros else acc
 
 
 def map_to_domain(breakpoints: jax.Array, x: jax.Array, extrapolate: str) -> jax.Array:
