@@ -367,17 +367,14 @@ def _decision_scores(model, params, chunk, idx, val, fld):
     return jax.lax.map(one, shaped).reshape(n_pad, -1)
 
 
-def decision_scores(model: str, params, X: sp.csr_matrix, field_ids: np.ndarray,
-                    dtype) -> np.ndarray:
-    """(n, C) scores of every row of ``X`` (canonical CSR), computed on the device."""
-    n = X.shape[0]
-    data = to_device_rows(X, field_ids, np.zeros((n, 1)), np.zeros(n), dtype)
+def decision_scores(model: str, params, data: DeviceRows) -> jax.Array:
+    """(n_pad, C) scores of every row of ``data`` (padding rows included), on the device."""
     n_pad, z = data.idx.shape
+    # rows per mapped chunk: bounds the (chunk, z, z, C, k) pair tensors of FFM/FwFM
     chunk = max(1, min(n_pad, (1 << 21) // (z * z)))
     while n_pad % chunk:
         chunk //= 2
-    out = _decision_scores(model, params, chunk, data.idx, data.val, data.fld)
-    return np.asarray(out[:n])
+    return _decision_scores(model, params, chunk, data.idx, data.val, data.fld)
 
 
 def scatter_backend(backend: str) -> str:

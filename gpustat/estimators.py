@@ -1,0 +1,803 @@
+"""scikit-learn estimators for factorization machines trained on the device with optax.
+
+``FMClassifier``/``FMRegressor`` (Rendle 2010), ``FFMClassifier``/``FFMRegressor``
+(Juan et al. 2016) and ``FwFMClassifier``/``FwFMRegressor`` (Pan et al. 2018)
+with modern_fm's constructor names. Parameters and optimizer state stay on the
+device; one epoch is one compiled program (:mod:`gpustat.fm_train`); the
+sparse batch gradient is accumulated by a Pallas scatter-add kernel on a CUDA
+GPU; optax drives the update with the lazy transformations of
+:mod:`gpustat.fm_optim` (or any optax transformation the user passes).
+
+Scores of a row x with nonzero set Z (feature i in field f(i)):
+
+* FM:   ``s = w0 + sum_i w_i x_i + sum_{i<j} <V_i, V_j> x_i x_j``
+* FFM:  ``s = w0 + sum_i w_i x_i + sum_{i<j} <V[i, f(j)], V[j, f(i)]> x_i x_j``
+* FwFM: ``s = w0 + sum_i w_i x_i + sum_{i<j} r_{f(i) f(j)} <V_i, V_j> x_i x_j``
+
+Losses: logistic (binary, label smoothing ``y (1 - eps) + eps / 2``), softmax
+(multiclass, target ``1 - eps`` on the true class and ``eps / (C - 1)`` on the
+others), squared (regression). Row weight = ``sample_weight * class_weight[y]``.
+
+Random stream (reproducible, and the same as modern_fm's):
+``rng = np.random.default_rng(random_state)``; with ``early_stopping`` and no
+``eval_set`` one ``rng.permutation(n)`` picks the holdout first; then the
+factors are drawn (FM/FwFM ``rng.normal(0, init_scale, shape)``, FFM
+``rng.uniform(0, init_scale / sqrt(k), shape)`` with ``shape`` the public
+``V_`` shape), then one ``rng.permutation`` per epoch for all ``max_iter``
+epochs. ``partial_fit`` visits rows in their given order.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.sparse as sp
+from jaxtyping import ArrayLike
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.multiclass import check_classification_targets, unique_labels
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
+
+from gpustat import fm_train
+from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+
+__all__ = [
+    "FFMClassifier",
+    "FFMRegressor",
+    "FMClassifier",
+    "FMRegressor",
+    "FwFMClassifier",
+    "FwFMRegressor",
+    "ftrl",
+    "lazy_adagrad",
+    "lazy_adam",
+    "lazy_sgd",
+]
+
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+_IO_VERSION = 1
+
+
+def _canonical_csr(X) -> sp.csr_matrix:
+    """A private canonical copy: duplicates summed, explicit zeros dropped, indices sorted."""
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True) if sp.issparse(X) else sp.csr_matrix(X)
+    X.sum_duplicates()
+    X.eliminate_zeros()
+    X.sort_indices()
+    return X
+
+
+def _positive_int(value, name, minimum=1):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
+
+
+def _non_negative(value, name):
+    if not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {name}={value!r}")
+
+
+class _FactorizationMachine(BaseEstimator):
+    """Shared fit/predict machinery; subclasses fix the model and the task."""
+
+    _model: str = "fm"
+    _is_classifier = False
+
+    # ------------------------------------------------------------ validation
+
+    def _check_params(self):
+        _positive_int(self.n_factors, "n_factors")
+        _positive_int(self.max_iter, "max_iter")
+        _positive_int(self.batch_size, "batch_size")
+        _positive_int(self.patience, "patience")
+        for name in ("l1_linear", "l1_factors", "l2_linear", "l2_factors", "init_scale",
+                     "min_delta", "epsilon", "ftrl_beta"):
+            _non_negative(getattr(self, name), name)
+        if not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate=!r}")
+        for name in ("beta_1", "beta_2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be in (0, 1), got "
+                             f"{self.validation_fraction=!r}")
+        custom = isinstance(self.optimizer, optax.GradientTransformation)
+        if not custom and self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS} or an optax "
+                             f"GradientTransformation, got {self.optimizer=!r}")
+        if (self.l1_linear or self.l1_factors) and self.optimizer != "ftrl":
+            raise ValueError(f"l1_linear/l1_factors need optimizer='ftrl' (the only one with "
+                             f"exact L1 zeros), got optimizer={self.optimizer!r} with "
+                             f"{self.l1_linear=}, {self.l1_factors=}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype=!r}")
+        if self.dtype == "float64" and not jax.config.jax_enable_x64:
+            raise ValueError("dtype='float64' needs 64-bit JAX: call "
+                             "jax.config.update('jax_enable_x64', True) first")
+        if self._is_classifier:
+            if not 0 <= self.label_smoothing < 1:
+                raise ValueError(f"label_smoothing must be in [0, 1), got "
+                                 f"{self.label_smoothing=!r}")
+            cw = self.class_weight
+            if not (cw is None or cw == "balanced" or isinstance(cw, dict)):
+                raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
+        return fm_train.scatter_backend(self.backend)
+
+    def _validate_X(self, X, *, reset: bool) -> sp.csr_matrix:
+        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=reset)
+        return _canonical_csr(X)
+
+    def _validate_fields(self, field_ids, n_features: int, *, first: bool) -> np.ndarray:
+        if not first:
+            if field_ids is not None and not np.array_equal(np.asarray(field_ids),
+                                                            self.field_ids_):
+                raise ValueError("field_ids differ from the ones fixed at the first fit call")
+            return self.field_ids_
+        if field_ids is None:
+            fields = np.arange(n_features) if self._model != "fm" else np.zeros(n_features)
+            return fields.astype(np.int64)
+        fields = np.asarray(field_ids)
+        if fields.shape != (n_features,):
+            raise ValueError(f"field_ids must have one entry per feature: expected shape "
+                             f"({n_features},), got {fields.shape=}")
+        if fields.size and not np.issubdtype(fields.dtype, np.integer):
+            if not np.all(np.isfinite(fields)) or np.any(fields != np.round(fields)):
+                raise ValueError(f"field_ids must be integers, got dtype {fields.dtype}")
+        if fields.size and fields.min() < 0:
+            raise ValueError(f"field_ids must be non-negative, got min(field_ids)="
+                             f"{fields.min()}")
+        return fields.astype(np.int64)
+
+    def _eval_data(self, eval_set, n_features):
+        """(X_val, y_val) from ``eval_set`` = (X, y) or [(X, y)]."""
+        item = eval_set[0] if isinstance(eval_set, list) else eval_set
+        try:
+            X_val, y_val = item
+        except (TypeError, ValueError) as exc:
+            raise ValueError("eval_set must be (X_val, y_val) or [(X_val, y_val)]") from exc
+        X_val = self._validate_X(X_val, reset=False)
+        y_val = column_or_1d(y_val, warn=True)
+        if len(y_val) != X_val.shape[0]:
+            raise ValueError(f"eval_set: X has {X_val.shape[0]} rows but y has {len(y_val)}")
+        return X_val, y_val
+
+    # ------------------------------------------------------------ parameters
+
+    @property
+    def _n_outputs(self) -> int:
+        return len(self.classes_) if self._is_classifier and len(self.classes_) > 2 else 1
+
+    def _loss(self) -> str:
+        if not self._is_classifier:
+            return "squared"
+        return "softmax" if len(self.classes_) > 2 else "logistic"
+
+    def _np_dtype(self):
+        return np.dtype(self.dtype)
+
+    def _init_public(self, rng, n_features, n_fields):
+        """Spec init in the public layout (``V_`` shape drawn in one call)."""
+        c, k = self._n_outputs, self.n_factors
+        lead = (c,) if c > 1 else ()
+        if self._model == "ffm":
+            V = rng.uniform(0.0, self.init_scale / math.sqrt(k), size=(*lead, n_features,
+                                                                          n_fields, k))
+        else:
+            V = rng.normal(0.0, self.init_scale, size=(*lead, n_features, k))
+        params = {"w0": np.zeros(lead), "w": np.zeros((*lead, n_features)), "V": V}
+        if self._model == "fwfm":
+            params["r"] = np.ones((*lead, n_fields, n_fields))
+        return params
+
+    def _public(self):
+        params = {"w0": np.asarray(self.w0_), "w": self.w_, "V": self.V_}
+        if self._model == "fwfm":
+            params["r"] = self.r_
+        return params
+
+    def _to_internal(self, public):
+        """Public layout -> internal (class axis after the feature axis), on the device."""
+        dtype = self._np_dtype()
+        single = self._n_outputs == 1
+        out = {}
+        for name, value in public.items():
+            value = np.asarray(value, dtype)
+            if single:
+                value = value[None]
+            out[name] = value if name in ("w0", "r") else np.moveaxis(value, 0, 1)
+        return jax.tree.map(jnp.asarray, out)
+
+    def _store(self, internal):
+        single = self._n_outputs == 1
+        for name, value in jax.device_get(internal).items():
+            value = np.asarray(value) if name in ("w0", "r") else np.moveaxis(value, 1, 0)
+            value = value[0] if single else value
+            if name == "w0":
+                self.w0_ = float(value) if single else value
+            else:
+                setattr(self, f"{name}_", value)
+
+    def _optimizer(self):
+        return fm_train.make_optimizer(
+            self.optimizer, model=self._model, learning_rate=float(self.learning_rate),
+            beta_1=float(self.beta_1), beta_2=float(self.beta_2), epsilon=float(self.epsilon),
+            ftrl_beta=float(self.ftrl_beta), l1_linear=float(self.l1_linear),
+            l1_factors=float(self.l1_factors), l2_linear=float(self.l2_linear),
+            l2_factors=float(self.l2_factors))
+
+    # ------------------------------------------------------------ training
+
+    def _targets(self, y_codes):
+        """(n, C) training targets from label codes (classifier) or values (regressor)."""
+        if not self._is_classifier:
+            return np.asarray(y_codes, np.float64)[:, None]
+        eps = self.label_smoothing
+        if len(self.classes_) == 2:
+            return (y_codes * (1 - eps) + eps / 2)[:, None].astype(np.float64)
+        c = len(self.classes_)
+        t = np.full((len(y_codes), c), eps / (c - 1))
+        t[np.arange(len(y_codes)), y_codes] = 1 - eps
+        return t
+
+    def _row_weights(self, X, y_codes, sample_weight, counts=None):
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if not np.all(np.isfinite(sw)):
+            raise ValueError("sample_weight must be finite")
+        if not np.any(sw > 0):
+            raise ValueError("sample_weight must contain at least one positive weight")
+        if self._is_classifier and self.class_weight is not None:
+            c = len(self.classes_)
+            if self.class_weight == "balanced":
+                counts = np.bincount(y_codes, minlength=c) if counts is None else counts
+                per_class = len(y_codes) / (c * np.maximum(counts, 1))
+            else:
+                per_class = np.array([float(self.class_weight.get(label, 1.0))
+                                      for label in self.classes_.tolist()])
+            sw = sw * per_class[y_codes]
+        if self._is_classifier:
+            alive = np.unique(y_codes[sw > 0])
+            if len(alive) < 2:
+                raise ValueError(f"only one class ({self.classes_[alive].tolist()}) has a "
+                                 "positive sample weight: a classifier needs two")
+        return sw
+
+    def _metric(self, scores, y_codes):
+        """Validation metric: logloss, softmax cross-entropy or 1/2 MSE (float64)."""
+        s = np.asarray(scores, np.float64)
+        loss = self._loss()
+        if loss == "squared":
+            return float(0.5 * np.mean((s[:, 0] - y_codes) ** 2))
+        if loss == "logistic":
+            z = s[:, 0]
+            return float(np.mean(np.maximum(z, 0) - z * y_codes + np.log1p(np.exp(-np.abs(z)))))
+        s = s - s.max(axis=1, keepdims=True)
+        log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+        return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
+
+    def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
+               fields):
+        """Run the epochs in ``orders``; returns (params, opt_state, epochs run)."""
+        tx, lazy, (l2_linear, l2_factors) = self._optimizer()
+        cfg = fm_train.TrainConfig(self._model, self._loss(), X.shape[1],
+                                   int(fields.max()) + 1 if fields.size else 1,
+                                   int(self.batch_size), tx, lazy, l2_linear, l2_factors, backend)
+        dtype = self._np_dtype()
+        data = fm_train.to_device_rows(X, fields, self._targets(y_codes), weights, dtype)
+        if opt_state is None:
+            opt_state = tx.init(params)
+        val_rows = None
+        if eval_data is not None:
+            X_val, y_val_codes = eval_data
+            val_rows = fm_train.to_device_rows(X_val, fields, np.zeros((X_val.shape[0], 1)),
+                                               np.zeros(X_val.shape[0]), dtype)
+        bar = None
+        if self.verbose:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(orders), desc=type(self).__name__, unit="epoch")
+        best = (np.inf, params, opt_state)
+        stale = 0
+        epochs = 0
+        total_weight = float(weights.sum())
+        for order in orders:
+            params, opt_state, loss_sum = fm_train.train_epoch(cfg, params, opt_state, data, order)
+            epochs += 1
+            postfix = {"loss": float(loss_sum) / total_weight}
+            if val_rows is not None:
+                scores = fm_train.decision_scores(self._model, params, val_rows)
+                metric = self._metric(scores[: X_val.shape[0]], y_val_codes)
+                postfix["val"] = metric
+                if metric < best[0] - self.min_delta:
+                    best, stale = (metric, params, opt_state), 0
+                else:
+                    stale += 1
+            if bar is not None:
+                bar.set_postfix(postfix)
+                bar.update()
+            if val_rows is not None and stale >= self.patience:
+                break
+        if bar is not None:
+            bar.close()
+        if val_rows is not None:
+            params, opt_state = best[1], best[2]
+        return params, opt_state, epochs
+
+    def _encode(self, y, *, first, classes=None):
+        """Label codes (classifier) or float targets (regressor); sets ``classes_``."""
+        if not self._is_classifier:
+            y = column_or_1d(y, warn=True).astype(np.float64)
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or infinity")
+            return y
+        y = column_or_1d(y, warn=True)
+        check_classification_targets(y)
+        if first:
+            labels = unique_labels(y) if classes is None else unique_labels(np.asarray(classes))
+            if len(labels) < 2:
+                raise ValueError(f"a classifier needs at least 2 classes, got "
+                                 f"{labels.tolist()}")
+            self.classes_ = labels
+        elif classes is not None and not np.array_equal(unique_labels(np.asarray(classes)),
+                                                        self.classes_):
+            raise ValueError(f"classes={list(classes)} differ from classes_="
+                             f"{self.classes_.tolist()} of the first call")
+        unknown = ~np.isin(y, self.classes_)
+        if np.any(unknown):
+            raise ValueError(f"y contains labels {np.unique(y[unknown]).tolist()} not in "
+                             f"classes_={self.classes_.tolist()}")
+        return np.searchsorted(self.classes_, y)
+
+    def _fit(self, X, y, field_ids, sample_weight, eval_set):
+        backend = self._check_params()
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
+                             y_numeric=not self._is_classifier, reset=True)
+        X = _canonical_csr(X)
+        fields = self._validate_fields(field_ids, X.shape[1], first=True)
+        y_codes = self._encode(y, first=True)
+        weights = self._row_weights(X, y_codes, sample_weight)
+        rng = np.random.default_rng(self.random_state)
+        eval_data = None
+        if eval_set is not None:
+            X_val, y_val = self._eval_data(eval_set, X.shape[1])
+            if self._is_classifier:
+                check_classification_targets(y_val)
+                unknown = ~np.isin(y_val, self.classes_)
+                if np.any(unknown):
+                    raise ValueError(f"eval_set contains labels {np.unique(y_val[unknown])} "
+                                     f"not seen in y (classes_={self.classes_.tolist()})")
+            eval_data = (X_val, self._encode(y_val, first=False))
+        elif self.early_stopping:
+            perm = rng.permutation(X.shape[0])
+            n_val = max(1, int(round(self.validation_fraction * X.shape[0])))
+            if n_val >= X.shape[0]:
+                raise ValueError(f"validation_fraction={self.validation_fraction} leaves no "
+                                 f"training rows out of {X.shape[0]}")
+            val_idx, tr_idx = perm[:n_val], perm[n_val:]
+            eval_data = (X[val_idx], y_codes[val_idx])
+            X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
+        resume = self.warm_start and hasattr(self, "w0_")
+        if resume:
+            self._check_resume(X.shape[1], fields)
+            params, opt_state = self._to_internal(self._public()), self._resume_state()
+        else:
+            params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
+                                                                    int(fields.max()) + 1)), None
+        orders = [rng.permutation(X.shape[0]) for _ in range(self.max_iter)]
+        params, opt_state, epochs = self._train(X, y_codes, weights, orders=orders, params=params,
+                                                opt_state=opt_state, eval_data=eval_data,
+                                                backend=backend, fields=fields)
+        self.field_ids_ = fields
+        self.n_fields_ = int(fields.max()) + 1 if fields.size else 1
+        self._store(params)
+        self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
+        self.n_iter_ = epochs
+        return self
+
+    def _partial_fit(self, X, y, classes, field_ids, sample_weight):
+        backend = self._check_params()
+        first = not hasattr(self, "w0_")
+        if first and self._is_classifier and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit")
+        if self._is_classifier and self.class_weight == "balanced":
+            raise ValueError("class_weight='balanced' needs all labels at once; use fit")
+        X = self._validate_X(X, reset=first)
+        fields = self._validate_fields(field_ids, X.shape[1], first=first)
+        y_codes = self._encode(y, first=first, classes=classes)
+        if len(y_codes) != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {len(y_codes)}")
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if self._is_classifier and self.class_weight is not None:
+            per_class = np.array([float(self.class_weight.get(label, 1.0))
+                                  for label in self.classes_.tolist()])
+            sw = sw * per_class[y_codes]
+        if first:
+            rng = np.random.default_rng(self.random_state)
+            params = self._to_internal(self._init_public(rng, X.shape[1], int(fields.max()) + 1))
+            opt_state = None
+            self.n_iter_ = 0
+        else:
+            params, opt_state = self._to_internal(self._public()), self._resume_state()
+        params, opt_state, _ = self._train(X, y_codes, sw, orders=[np.arange(X.shape[0])],
+                                           params=params, opt_state=opt_state, eval_data=None,
+                                           backend=backend, fields=fields)
+        self.field_ids_ = fields
+        self.n_fields_ = int(fields.max()) + 1 if fields.size else 1
+        self._store(params)
+        self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
+        self.n_iter_ += 1
+        return self
+
+    def _optimizer_key(self):
+        names = ("optimizer", "learning_rate", "beta_1", "beta_2", "epsilon", "ftrl_beta",
+                 "l1_linear", "l1_factors", "l2_linear", "l2_factors", "dtype")
+        return repr([getattr(self, n) for n in names])
+
+    def _resume_state(self):
+        """Stored optimizer state when it belongs to the current settings, else None (fresh)."""
+        key, state = getattr(self, "_opt_state", (None, None))
+        if key != self._optimizer_key():
+            return None
+        return jax.tree.map(jnp.asarray, state)
+
+    def _check_resume(self, n_features, fields):
+        if n_features != self.n_features_in_ or not np.array_equal(fields, self.field_ids_):
+            raise ValueError("warm_start needs the same features and field_ids as the first fit")
+
+    # ------------------------------------------------------------ prediction
+
+    def _scores(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        X = self._validate_X(X, reset=False)
+        rows = fm_train.to_device_rows(X, self.field_ids_, np.zeros((X.shape[0], 1)),
+                                       np.zeros(X.shape[0]), self._np_dtype())
+        scores = fm_train.decision_scores(self._model, self._to_internal(self._public()), rows)
+        return np.asarray(scores[: X.shape[0]])
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
+    # ------------------------------------------------------------ inspection and I/O
+
+    def top_interactions(self, n_top: int = 10, class_idx: int | None = None):
+        """The ``n_top`` strongest learned pairwise interactions.
+
+        Strength of a feature pair (i < j): FM ``|<V_i, V_j>|``, FFM
+        ``|<V[i, f(j)], V[j, f(i)]>|``, FwFM ``|r_{f(i) f(j)} <V_i, V_j>|``.
+        Exact scan over all pairs in blocks of rows (O(p^2 k)).
+
+        Args:
+            n_top: number of pairs to return (>= 1).
+            class_idx: class whose parameters to inspect; required for a
+                multiclass model, rejected otherwise.
+
+        Returns:
+            list of ``(i, j, strength)`` sorted by decreasing strength.
+        """
+        check_is_fitted(self)
+        _positive_int(n_top, "n_top")
+        V = np.asarray(self.V_, np.float64)
+        r = np.asarray(self.r_, np.float64) if self._model == "fwfm" else None
+        if self._n_outputs > 1:
+            if class_idx is None or not 0 <= class_idx < self._n_outputs:
+                raise ValueError(f"a multiclass model needs class_idx in [0, {self._n_outputs}),"
+                                 f" got {class_idx=}")
+            V = V[class_idx]
+            r = r[class_idx] if r is not None else None
+        elif class_idx is not None:
+            raise ValueError(f"class_idx is only for multiclass models, got {class_idx=}")
+        return _top_pairs(self._model, V, r, self.field_ids_, n_top)
+
+    def save_model(self, path) -> None:
+        """Write the constructor parameters, learned attributes and optimizer state (pickle)."""
+        check_is_fitted(self)
+        state = {"format_version": _IO_VERSION, "class": type(self).__name__,
+                 "params": self.get_params(),
+                 "attrs": {k: v for k, v in vars(self).items() if k.endswith("_")},
+                 "opt_state": getattr(self, "_opt_state", None)}
+        with open(path, "wb") as fh:
+            pickle.dump(state, fh)
+
+    @classmethod
+    def load_model(cls, path):
+        """Read a model written by :meth:`save_model` (same class; continues training)."""
+        with open(path, "rb") as fh:
+            state = pickle.load(fh)
+        if state.get("format_version", 0) > _IO_VERSION:
+            raise ValueError(f"{path!r} has format_version {state['format_version']}; this "
+                             f"gpustat reads <= {_IO_VERSION}")
+        if state.get("class") != cls.__name__:
+            raise ValueError(f"{path!r} holds a {state.get('class')!r}, not a {cls.__name__!r}")
+        model = cls(**state["params"])
+        for key, value in state["attrs"].items():
+            setattr(model, key, value)
+        if state.get("opt_state") is not None:
+            model._opt_state = state["opt_state"]
+        return model
+
+
+def _top_pairs(model, V, r, fields, n_top):
+    p = V.shape[0]
+    r_full = None if r is None else np.triu(r) + np.triu(r, 1).T
+    block = max(1, (1 << 22) // max(1, p * V.shape[-1]))
+    cand_i, cand_j, cand_s = [], [], []
+    for start in range(0, p, block):
+        rows = np.arange(start, min(start + block, p))
+        if model == "ffm":
+            # S[i, j] = <V[i, f(j)], V[j, f(i)]>
+            left = V[rows][:, fields, :]  # (b, p, k)
+            right = np.moveaxis(V[:, fields[rows], :], 1, 0)  # (b, p, k)
+            S = np.abs((left * right).sum(-1))
+        else:
+            S = np.abs(V[rows] @ V.T)
+            if r_full is not None:
+                S = S * np.abs(r_full[fields[rows][:, None], fields[None, :]])
+        S[np.arange(p)[None, :] <= rows[:, None]] = -1.0  # pairs i < j only
+        flat = S.ravel()
+        take = min(n_top, flat.size)
+        best = np.argpartition(-flat, take - 1)[:take]
+        best = best[flat[best] >= 0]
+        cand_i.append(rows[best // p])
+        cand_j.append(best % p)
+        cand_s.append(flat[best])
+    i, j, s = (np.concatenate(c) for c in (cand_i, cand_j, cand_s))
+    order = np.lexsort((j, i, -s))[:n_top]
+    return [(int(i[t]), int(j[t]), float(s[t])) for t in order]
+
+
+_COMMON_DOC = """
+    Args:
+        n_factors: k, factors per feature (per feature and field for FFM).
+        optimizer: "sgd", "adagrad", "adam", "ftrl", or an optax
+            ``GradientTransformation``. The named ones step only the
+            coordinates a batch touches (lazy); a user's transformation sees
+            the data gradient plus L2 on touched coordinates, zero elsewhere,
+            and updates with its own (dense) semantics, unless it accepts the
+            ``touched`` keyword like :func:`gpustat.ftrl`.
+        learning_rate: step size (FTRL's alpha); unused by a user's transformation.
+        beta_1: Adam's first-moment decay.
+        beta_2: Adam's second-moment decay.
+        epsilon: Adam's epsilon (outside the root).
+        ftrl_beta: FTRL's beta.
+        l1_linear: FTRL's L1 on w (exact zeros); needs optimizer="ftrl".
+        l1_factors: FTRL's L1 on V (and r); needs optimizer="ftrl".
+        l2_linear: L2 on w (coupled into the gradient; inside FTRL's step for FTRL).
+        l2_factors: L2 on V (and r, pulled toward 0).
+        max_iter: epochs.
+        batch_size: rows per mini-batch; gradients are averaged over the batch
+            and every row is scored with the batch-start parameters. 1 is
+            modern_fm's per-row default; on a GPU use 1024-8192.
+        init_scale: factor initialisation scale.
+        early_stopping: hold out ``validation_fraction`` of the rows (or use
+            ``eval_set``), stop after ``patience`` epochs without a ``min_delta``
+            improvement of the validation loss, restore the best parameters.
+        validation_fraction: holdout share for early stopping.
+        patience: epochs without improvement before stopping.
+        min_delta: least improvement that counts.
+        warm_start: continue from the fitted parameters and optimizer state.
+        random_state: seed of the init and epoch permutations (see the module docs).
+        verbose: show a progress bar per epoch with training loss and validation metric.
+        dtype: "float32" (default) or "float64" (needs ``jax_enable_x64``):
+            the dtype of parameters, optimizer state and training arithmetic.
+        backend: "auto", "pallas", "interpret" or "reference": how the sparse
+            batch gradient is accumulated (Pallas kernel on a CUDA GPU for "auto").
+"""
+
+_CLASSIFIER_DOC = """        label_smoothing: eps in [0, 1): binary targets ``y (1 - eps) + eps / 2``;
+            multiclass ``1 - eps`` on the true class, ``eps / (C - 1)`` elsewhere.
+        class_weight: None, "balanced" (``n / (C count_c)``) or {label: weight}.
+"""
+
+
+def _attributes_doc(model: str, classifier: bool) -> str:
+    lead = "(C, " if classifier else "("
+    v_shape = "p, F, k" if model == "ffm" else "p, k"
+    lines = [
+        "    Attributes:",
+        "        w0_: bias (float; (C,) for C > 2 classes).",
+        f"        w_: linear weights, shape (p,) or {lead}p) for C > 2 classes.",
+        f"        V_: factors, shape ({v_shape}) or {lead}{v_shape}) for C > 2 classes.",
+    ]
+    if model == "fwfm":
+        lines.append("        r_: field-pair weights (F, F) (or (C, F, F)); upper triangle read.")
+    if classifier:
+        lines.append("        classes_: sorted class labels.")
+    lines += [
+        "        field_ids_: (p,) field of each feature.",
+        "        n_fields_: F.",
+        "        n_features_in_: p.",
+        "        n_iter_: epochs run (partial_fit calls count one each).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class _ClassifierMixin(ClassifierMixin):
+    _is_classifier = True
+
+    def fit(self, X: ArrayLike, y: ArrayLike, field_ids: ArrayLike | None = None,
+            sample_weight: ArrayLike | None = None, eval_set=None):
+        """Train from scratch (or continue with ``warm_start``) for ``max_iter`` epochs.
+
+        Args:
+            X: (n, p) dense array, scipy sparse matrix (duplicates summed) or
+                DataFrame; finite values; exact zeros are skipped.
+            y: (n,) class labels (2 classes: logistic loss; more: softmax).
+            field_ids: (p,) non-negative int field of each feature (FFM/FwFM;
+                default: each feature its own field). Fixed at the first call.
+            sample_weight: (n,) non-negative row weights.
+            eval_set: (X_val, y_val) or [(X_val, y_val)] for early stopping.
+
+        Returns:
+            self.
+        """
+        return self._fit(X, y, field_ids, sample_weight, eval_set)
+
+    def partial_fit(self, X: ArrayLike, y: ArrayLike, classes: ArrayLike | None = None,
+                    field_ids: ArrayLike | None = None, sample_weight: ArrayLike | None = None):
+        """One pass over ``X`` in row order, continuing parameters and optimizer state.
+
+        Args:
+            X: (n, p) rows.
+            y: (n,) labels.
+            classes: all labels; required on the first call.
+            field_ids: (p,) fields; fixed at the first call.
+            sample_weight: (n,) row weights.
+
+        Returns:
+            self.
+        """
+        return self._partial_fit(X, y, classes, field_ids, sample_weight)
+
+    def decision_function(self, X: ArrayLike) -> np.ndarray:
+        """Scores: (n,) logits for 2 classes, (n, C) per-class logits otherwise."""
+        scores = self._scores(X)
+        return scores[:, 0] if scores.shape[1] == 1 else scores
+
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
+        """(n, C) class probabilities (sigmoid for 2 classes, softmax otherwise)."""
+        scores = self._scores(X).astype(np.float64)
+        if scores.shape[1] == 1:
+            p = 1.0 / (1.0 + np.exp(-scores[:, 0]))
+            return np.column_stack([1.0 - p, p])
+        scores -= scores.max(axis=1, keepdims=True)
+        e = np.exp(scores)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X: ArrayLike) -> np.ndarray:
+        """(n,) predicted labels."""
+        scores = self._scores(X)
+        if scores.shape[1] == 1:
+            return self.classes_[(scores[:, 0] > 0).astype(int)]
+        return self.classes_[np.argmax(scores, axis=1)]
+
+
+class _RegressorMixin(RegressorMixin):
+    _is_classifier = False
+
+    def fit(self, X: ArrayLike, y: ArrayLike, field_ids: ArrayLike | None = None,
+            sample_weight: ArrayLike | None = None, eval_set=None):
+        """Train from scratch (or continue with ``warm_start``) for ``max_iter`` epochs.
+
+        Args:
+            X: (n, p) dense array, scipy sparse matrix (duplicates summed) or
+                DataFrame; finite values; exact zeros are skipped.
+            y: (n,) finite targets (squared loss).
+            field_ids: (p,) non-negative int field of each feature (FFM/FwFM;
+                default: each feature its own field). Fixed at the first call.
+            sample_weight: (n,) non-negative row weights.
+            eval_set: (X_val, y_val) or [(X_val, y_val)] for early stopping.
+
+        Returns:
+            self.
+        """
+        return self._fit(X, y, field_ids, sample_weight, eval_set)
+
+    def partial_fit(self, X: ArrayLike, y: ArrayLike, field_ids: ArrayLike | None = None,
+                    sample_weight: ArrayLike | None = None):
+        """One pass over ``X`` in row order, continuing parameters and optimizer state.
+
+        Args:
+            X: (n, p) rows.
+            y: (n,) targets.
+            field_ids: (p,) fields; fixed at the first call.
+            sample_weight: (n,) row weights.
+
+        Returns:
+            self.
+        """
+        return self._partial_fit(X, y, None, field_ids, sample_weight)
+
+    def predict(self, X: ArrayLike) -> np.ndarray:
+        """(n,) predicted values."""
+        return self._scores(X)[:, 0]
+
+
+def _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon, ftrl_beta,
+                 l1_linear, l1_factors, l2_linear, l2_factors, max_iter, batch_size, init_scale,
+                 early_stopping, validation_fraction, patience, min_delta, warm_start,
+                 random_state, verbose, dtype, backend):
+    self.n_factors = n_factors
+    self.optimizer = optimizer
+    self.learning_rate = learning_rate
+    self.beta_1 = beta_1
+    self.beta_2 = beta_2
+    self.epsilon = epsilon
+    self.ftrl_beta = ftrl_beta
+    self.l1_linear = l1_linear
+    self.l1_factors = l1_factors
+    self.l2_linear = l2_linear
+    self.l2_factors = l2_factors
+    self.max_iter = max_iter
+    self.batch_size = batch_size
+    self.init_scale = init_scale
+    self.early_stopping = early_stopping
+    self.validation_fraction = validation_fraction
+    self.patience = patience
+    self.min_delta = min_delta
+    self.warm_start = warm_start
+    self.random_state = random_state
+    self.verbose = verbose
+    self.dtype = dtype
+    self.backend = backend
+
+
+def _make_classes(model: str, title: str, default_factors: int):
+    """The classifier and regressor of one model (same constructor, modern_fm's names)."""
+
+    class Classifier(_ClassifierMixin, _FactorizationMachine):
+        _model = model
+
+        def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
+                     beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
+                     l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100,
+                     batch_size=1, init_scale=0.01, early_stopping=False,
+                     validation_fraction=0.1, patience=10, min_delta=0.0, warm_start=False,
+                     label_smoothing=0.0, class_weight=None, random_state=None, verbose=0,
+                     dtype="float32", backend="auto"):
+            _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
+                         ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
+                         batch_size, init_scale, early_stopping, validation_fraction, patience,
+                         min_delta, warm_start, random_state, verbose, dtype, backend)
+            self.label_smoothing = label_smoothing
+            self.class_weight = class_weight
+
+    class Regressor(_RegressorMixin, _FactorizationMachine):
+        _model = model
+
+        def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
+                     beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
+                     l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100,
+                     batch_size=1, init_scale=0.01, early_stopping=False,
+                     validation_fraction=0.1, patience=10, min_delta=0.0, warm_start=False,
+                     random_state=None, verbose=0, dtype="float32", backend="auto"):
+            _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
+                         ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
+                         batch_size, init_scale, early_stopping, validation_fraction, patience,
+                         min_delta, warm_start, random_state, verbose, dtype, backend)
+
+    for cls, task, classifier in ((Classifier, "Classifier", True), (Regressor, "Regressor",
+                                                                        False)):
+        cls.__name__ = cls.__qualname__ = f"{title}{task}"
+        cls.__module__ = __name__
+        kind = ("binary (logistic) and multiclass (softmax) classifier" if classifier
+                else "regressor (squared loss)")
+        cls.__doc__ = (f"{title} {kind}, trained on the device through optax.\n"
+                       + _COMMON_DOC + (_CLASSIFIER_DOC if classifier else "") + "\n"
+                       + _attributes_doc(model, classifier))
+    return Classifier, Regressor
+
+
+FMClassifier, FMRegressor = _make_classes("fm", "FM", 16)
+FFMClassifier, FFMRegressor = _make_classes("ffm", "FFM", 8)
+FwFMClassifier, FwFMRegressor = _make_classes("fwfm", "FwFM", 8)
