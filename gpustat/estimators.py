@@ -378,7 +378,7 @@ class _FactorizationMachine(BaseEstimator):
             eval_data = (X_val, self._encode(y_val, first=False))
         elif self.early_stopping:
             perm = rng.permutation(X.shape[0])
-            n_val = max(1, int(round(self.validation_fraction * X.shape[0])))
+            n_val = max(1, round(self.validation_fraction * X.shape[0]))
             if n_val >= X.shape[0]:
                 raise ValueError(f"validation_fraction={self.validation_fraction} leaves no "
                                  f"training rows out of {X.shape[0]}")
@@ -594,8 +594,9 @@ _COMMON_DOC = """
             batch gradient is accumulated (Pallas kernel on a CUDA GPU for "auto").
 """
 
-_CLASSIFIER_DOC = """        label_smoothing: eps in [0, 1): binary targets ``y (1 - eps) + eps / 2``;
-            multiclass ``1 - eps`` on the true class, ``eps / (C - 1)`` elsewhere.
+_CLASSIFIER_DOC = """        label_smoothing: eps in [0, 1): binary targets
+            ``y (1 - eps) + eps / 2``; multiclass ``1 - eps`` on the true
+            class, ``eps / (C - 1)`` elsewhere.
         class_weight: None, "balanced" (``n / (C count_c)``) or {label: weight}.
 """
 
