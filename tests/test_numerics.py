@@ -1,0 +1,90 @@
+"""Public numerics API: dispatch, dtypes, jit/vmap, derivatives, bad input."""
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jss
+import mpmath as mp
+import numpy as np
+import pytest
+
+import gpustat
+from gpustat import numerics
+from gpustat.testing import check_derivatives
+
+OPS = ["erfc", "erfcx", "ndtr", "log_ndtr", "probit_curvature"]
+
+
+@pytest.mark.parametrize("op", [*OPS, "log_ndtr_and_mills"])
+def test_jit_and_vmap(op):
+    x = jnp.linspace(-20.0, 8.0, 12).reshape(3, 4)
+    fn = getattr(numerics, op)
+    eager = fn(x)
+    for got in (jax.jit(fn)(x), jax.vmap(fn)(x)):
+        for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(eager), strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-14)
+
+
+def test_integers_promote_and_dtypes_are_kept():
+    assert numerics.erfc(jnp.arange(3)).dtype == jnp.float64
+    assert numerics.erfc(jnp.ones(3, jnp.float32)).dtype == jnp.float32
+    assert numerics.erfc(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+# Derivatives against autodiff of log(ndtr) from jax.scipy.special (lax.erf based, so
+# independent; jax's own log_ndtr has a less accurate derivative near 0, so not that).
+# Its tails lose accuracy, hence |x| <= 6 here; deep tails are checked vs mpmath.
+def test_derivatives_against_jax_scipy():
+    x = jnp.array([-6.0, -3.5, -0.3, 0.0, 0.8, 4.0])
+
+    def analytic(v):
+        log_cdf, mills = numerics.log_ndtr_and_mills(v)
+        return jnp.sum(log_cdf), mills, -jnp.diag(numerics.probit_curvature(v))
+
+    check_derivatives(analytic, lambda v: jnp.sum(jnp.log(jss.ndtr(v))), x).assert_ok()
+
+    def analytic_erfc(v):
+        return jnp.sum(numerics.erfc(v)), jax.grad(lambda u: jnp.sum(numerics.erfc(u)))(v)
+
+    check_derivatives(analytic_erfc, lambda v: jnp.sum(jss.erfc(v)), x[1:]).assert_ok()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_custom_jvp_matches_finite_differences(op):
+    fn = getattr(numerics, op)
+    x = jnp.array([-12.0, -3.2, -0.7, 0.4, 2.5])
+    grad = jax.vmap(jax.grad(fn))(x)
+    h = 1e-6
+    fd = (fn(x + h) - fn(x - h)) / (2 * h)
+    # central-difference rounding: |f| eps / h <= 2 * 2.2e-16 / 1e-6 = 4.4e-10 absolute
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(fd), rtol=2e-7, atol=1e-9)
+
+
+def test_deep_tail_derivatives_against_mpmath():
+    x = np.array([-1e3, -45.0, -9.0, 9.0])
+    dlog = jax.vmap(jax.grad(numerics.log_ndtr))(jnp.asarray(x))
+    expected = [float(mp.npdf(v) / mp.ncdf(v)) for v in x]
+    np.testing.assert_allclose(np.asarray(dlog), expected, rtol=1e-14)
+
+
+def test_mills_jvp_is_minus_curvature():
+    x = jnp.array([-50.0, -2.0, 1.0])
+    dmills = jax.vmap(jax.grad(lambda v: numerics.log_ndtr_and_mills(v)[1]))(x)
+    np.testing.assert_allclose(np.asarray(dmills), -np.asarray(numerics.probit_curvature(x)),
+                               rtol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [jnp.array([1 + 2j]), jnp.array([True])])
+def test_bad_dtype_raises_naming_x(bad):
+    with pytest.raises(TypeError, match="x must be real"):
+        numerics.log_ndtr(bad)
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        numerics.erfc(jnp.ones(2), backend="cuda")
+
+
+@pytest.mark.skipif(gpustat._backend.cuda_gpu_available(), reason="this machine has a GPU")
+def test_pallas_without_gpu_raises_clearly():
+    with pytest.raises(gpustat.BackendUnavailableError, match="needs a CUDA GPU"):
+        numerics.erfc(jnp.ones(2), backend="pallas")
