@@ -43,7 +43,7 @@ from gpustat.mixture_params import (
     full_precision_cholesky,
     log_det_precision_cholesky,
 )
-from gpustat.pallas._common import next_pow2, pad_axis, pallas_call
+from gpustat.pallas._common import next_pow2, pad_axis, pallas_call, register_lowering_case
 
 __all__ = [
     "MAX_FEATURES",
@@ -322,7 +322,8 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str =
 
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
-                           block_n: int | None = None, block_k: int | None = None, tiles_per_program: int | None = None,
+                           block_n: int | None = None, block_k: int | None = None,
+                           tiles_per_program: int | None = None,
                            num_warps: int | None = None) -> SuffStats:
     """Statistics of hard labels with one-hot responsibilities built in-kernel."""
     block_n, block_k, tiles_per_program, num_warps = _settings(block_n, block_k,
@@ -381,3 +382,31 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
         out_shape=out_shape,
     )(Xp, a, b, c)
     return out[:n, :k]
+
+
+def _register_lowering_cases() -> None:
+    """One lowering case per kernel and dtype (n = 100 ragged rows, p = 16, k = 40)."""
+    n, p, k = 100, 16, 40
+
+    def params_of(dtype):
+        return MixtureParams(
+            jax.ShapeDtypeStruct((k,), dtype), jax.ShapeDtypeStruct((k, p), dtype),
+            jax.ShapeDtypeStruct((k, p, p), dtype), jax.ShapeDtypeStruct((k, p, p), dtype),
+            "full")
+
+    cases = {
+        "log_prob": lambda X, prm, _: log_prob(X, prm),
+        "suff_stats": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
+        "mvn_logpdf": lambda X, prm, _: mvn_logpdf(X, prm),
+        "sample_labels": lambda X, prm, _: sample_labels(jax.random.key(0), X, prm),
+        "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
+    }
+    for dtype in (jnp.float32, jnp.float64):
+        for name, fn in cases.items():
+            register_lowering_case(
+                "mixture", f"{name}_{jnp.dtype(dtype).name}", fn,
+                (jax.ShapeDtypeStruct((n, p), dtype), params_of(dtype),
+                 jax.ShapeDtypeStruct((n,), jnp.int32)))
+
+
+_register_lowering_cases()

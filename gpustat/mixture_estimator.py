@@ -1,0 +1,379 @@
+"""``GaussianMixture``: scikit-learn's estimator (same constructor, attributes and methods) on JAX.
+
+Fitting runs :func:`gpustat.mixture.fit_em` (fused E-step kernel on a CUDA GPU, the
+reference elsewhere), restarts batched on the device. Extra constructor arguments:
+``backend`` ("auto" | "pallas" | "reference" | "interpret") and ``precision`` ("highest"
+= IEEE float32 matmuls, "tf32x3" = error-compensated TF32; plain TF32 is never used).
+float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``).
+``partial_fit`` adds streaming (mini-batch) EM, which scikit-learn lacks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpustat.mixture_fit import (
+    STATUS_OK,
+    fit_em,
+    online_em_init,
+    online_em_step,
+    online_params,
+)
+from gpustat.mixture_init import INIT_METHODS, initialize
+from gpustat.mixture_ops import log_prob, mvn_logpdf
+from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
+from gpustat.mixture_validation import (
+    PRECISION_CHOICES,
+    check_data,
+    check_positive_definite,
+)
+
+__all__ = ["ConvergenceWarning", "GaussianMixture"]
+
+_COLLAPSE_MESSAGE = (
+    "Fitting the mixture model failed because some components have ill-defined empirical "
+    "covariance (for instance caused by singleton or collapsed samples). Try to decrease "
+    "the number of components, increase reg_covar, or scale the input data.")
+
+
+class ConvergenceWarning(UserWarning):
+    """EM stopped at max_iter before the lower bound changed by less than tol."""
+
+
+_fit_em_jit = jax.jit(fit_em, static_argnames=("tol", "max_iter", "reg_covar", "backend",
+                                               "precision"))
+
+
+class GaussianMixture:
+    """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
+
+    Args:
+        n_components: number of mixture components m.
+        covariance_type: "full", "tied", "diag" or "spherical".
+        tol: convergence threshold on the change of the mean log-likelihood.
+        reg_covar: non-negative value added to covariance diagonals.
+        max_iter: EM iterations per restart.
+        n_init: number of restarts (run batched on the device); the best is kept.
+        init_params: "kmeans", "k-means++", "random" or "random_from_data".
+        weights_init: optional (m,) initial weights.
+        means_init: optional (m, p) initial means.
+        precisions_init: optional initial precisions (shape by covariance type:
+            full (m, p, p), tied (p, p), diag (m, p), spherical (m,)).
+        random_state: int seed (None = 0) for initialisation and ``sample``.
+        warm_start: start the next ``fit`` from the current solution.
+        verbose: 0 silent; >= 1 prints a line per restart after fitting.
+        verbose_interval: kept for scikit-learn compatibility.
+        backend: E-step backend, "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
+
+    Attributes (after ``fit``): ``weights_`` (m,), ``means_`` (m, p), ``covariances_``,
+    ``precisions_``, ``precisions_cholesky_``, ``converged_``, ``n_iter_``,
+    ``lower_bound_``, ``lower_bounds_``, ``n_features_in_``, ``params_``
+    (:class:`MixtureParams`).
+    """
+
+    def __init__(self, n_components: int = 1, *, covariance_type: str = "full",
+                 tol: float = 1e-3, reg_covar: float = 1e-6, max_iter: int = 100,
+                 n_init: int = 1, init_params: str = "kmeans", weights_init=None,
+                 means_init=None, precisions_init=None, random_state=None,
+                 warm_start: bool = False, verbose: int = 0, verbose_interval: int = 10,
+                 backend: str = "auto", precision: str = "highest"):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.init_params = init_params
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.precisions_init = precisions_init
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
+        self.backend = backend
+        self.precision = precision
+
+    _PARAM_NAMES = ("n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
+                    "init_params", "weights_init", "means_init", "precisions_init",
+                    "random_state", "warm_start", "verbose", "verbose_interval", "backend",
+                    "precision")
+
+    def get_params(self, deep: bool = True) -> dict:
+        """Constructor arguments (scikit-learn's estimator protocol)."""
+        del deep
+        return {name: getattr(self, name) for name in self._PARAM_NAMES}
+
+    def set_params(self, **params) -> GaussianMixture:
+        """Set constructor arguments (scikit-learn's estimator protocol)."""
+        for name, value in params.items():
+            if name not in self._PARAM_NAMES:
+                raise ValueError(f"invalid parameter {name!r} for GaussianMixture")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        return f"GaussianMixture(n_components={self.n_components}, " \
+               f"covariance_type={self.covariance_type!r}, backend={self.backend!r})"
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_settings(self) -> None:
+        checks = [
+            (isinstance(self.n_components, int) and self.n_components >= 1, "n_components",
+             "an int >= 1"),
+            (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
+             f"one of {COVARIANCE_TYPES}"),
+            (self.tol >= 0, "tol", ">= 0"),
+            (self.reg_covar >= 0, "reg_covar", ">= 0"),
+            (isinstance(self.max_iter, int) and self.max_iter >= 0, "max_iter", "an int >= 0"),
+            (isinstance(self.n_init, int) and self.n_init >= 1, "n_init", "an int >= 1"),
+            (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
+            (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
+
+    def _check_X(self, X, *, fitting: bool) -> jax.Array:
+        X = check_data(X)
+        if fitting:
+            if X.shape[0] < 2:
+                raise ValueError(f"GaussianMixture needs n >= 2 samples, got {X.shape=}")
+            if X.shape[0] < self.n_components:
+                raise ValueError(f"Expected n_samples >= n_components but got n_components = "
+                                 f"{self.n_components}, n_samples = {X.shape[0]}")
+        elif X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture was fitted "
+                             f"with {self.n_features_in_} features")
+        return X
+
+    def _user_inits(self, p: int, dtype):
+        k = self.n_components
+        weights = means = precisions = None
+        if self.weights_init is not None:
+            weights = np.asarray(self.weights_init, dtype=np.float64)
+            if weights.shape != (k,):
+                raise ValueError(f"weights_init must have shape ({k},), got {weights.shape}")
+            if np.any(weights < 0) or np.any(weights > 1) or not np.isclose(weights.sum(), 1):
+                raise ValueError("weights_init must lie in [0, 1] and sum to 1, got "
+                                 f"sum={weights.sum()!r}")
+            weights = jnp.asarray(weights, dtype)
+        if self.means_init is not None:
+            means = np.asarray(self.means_init, dtype=np.float64)
+            if means.shape != (k, p):
+                raise ValueError(f"means_init must have shape ({k}, {p}), got {means.shape}")
+            means = jnp.asarray(means, dtype)
+        if self.precisions_init is not None:
+            precisions = np.asarray(self.precisions_init, dtype=np.float64)
+            expected = {"full": (k, p, p), "tied": (p, p), "diag": (k, p),
+                        "spherical": (k,)}[self.covariance_type]
+            if precisions.shape != expected:
+                raise ValueError(f"precisions_init for covariance_type="
+                                 f"{self.covariance_type!r} must have shape {expected}, got "
+                                 f"{precisions.shape}")
+            if self.covariance_type in ("full", "tied"):
+                check_positive_definite(precisions, "precisions_init")
+            elif np.any(precisions <= 0):
+                raise ValueError("precisions_init must be positive")
+            precisions = jnp.asarray(precisions, dtype)
+        return weights, means, precisions
+
+    # ------------------------------------------------------------------ fitting
+
+    def _initial_params(self, X, key, n_init: int) -> MixtureParams:
+        p = X.shape[1]
+        weights, means, precisions = self._user_inits(p, X.dtype)
+        batch = lambda a: jnp.broadcast_to(a, (n_init, *a.shape))  # noqa: E731
+        if weights is not None and means is not None and precisions is not None:
+            user = MixtureParams.from_precisions(weights, means, precisions,
+                                                 self.covariance_type)
+            return jax.tree.map(batch, user)
+        shift = jnp.mean(X, axis=0)
+        init = initialize(key, X - shift, self.n_components,
+                          covariance_type=self.covariance_type, reg_covar=self.reg_covar,
+                          method=self.init_params, n_init=n_init)
+        init = MixtureParams(init.weights, init.means + shift, init.covariances,
+                             init.precisions_cholesky, init.covariance_type)
+        if weights is None and means is None and precisions is None:
+            return init
+        weights = init.weights if weights is None else batch(weights)
+        means = init.means if means is None else batch(means)
+        if precisions is None:
+            return MixtureParams(weights, means, init.covariances, init.precisions_cholesky,
+                                 self.covariance_type)
+        user = MixtureParams.from_precisions(weights[0], means[0], precisions,
+                                             self.covariance_type)
+        return MixtureParams(weights, means, batch(user.covariances),
+                             batch(user.precisions_cholesky), self.covariance_type)
+
+    def _set_fitted(self, params: MixtureParams) -> None:
+        self.params_ = params
+        self.weights_ = np.asarray(params.weights)
+        self.means_ = np.asarray(params.means)
+        self.covariances_ = np.asarray(params.covariances)
+        chol = np.asarray(params.precisions_cholesky)
+        self.precisions_cholesky_ = chol
+        if self.covariance_type == "full":
+            self.precisions_ = chol @ np.swapaxes(chol, -1, -2)
+        elif self.covariance_type == "tied":
+            self.precisions_ = chol @ chol.T
+        else:
+            self.precisions_ = chol**2
+
+    def fit(self, X, y=None) -> GaussianMixture:
+        """Estimate the parameters with EM (``n_init`` batched restarts).
+
+        Args:
+            X: (n, p) data, float32 or float64, finite, n >= max(2, m).
+            y: ignored.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: bad input or settings, or a component collapsing (ill-defined
+                covariance): the message suggests increasing ``reg_covar``.
+        """
+        del y
+        self.fit_predict(X)
+        return self
+
+    def fit_predict(self, X, y=None) -> np.ndarray:
+        """Fit, then return the (n,) most probable component of every row."""
+        del y
+        self._check_settings()
+        X = self._check_X(X, fitting=True)
+        do_init = not (self.warm_start and hasattr(self, "converged_"))
+        if do_init:
+            seed = 0 if self.random_state is None else int(self.random_state)
+            init = self._initial_params(X, jax.random.key(seed), self.n_init)
+            start_bound = -math.inf
+        else:
+            init, start_bound = self.params_, self.lower_bound_
+        init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
+        result = _fit_em_jit(X, init, tol=self.tol, max_iter=self.max_iter,
+                             reg_covar=self.reg_covar, initial_lower_bound=start_bound,
+                             backend=self.backend, precision=self.precision)
+        if int(result.status) != STATUS_OK:
+            raise ValueError(_COLLAPSE_MESSAGE)
+        self.n_features_in_ = X.shape[1]
+        self._set_fitted(result.params)
+        self.converged_ = bool(result.converged)
+        self.n_iter_ = int(result.n_iter)
+        self.lower_bound_ = float(result.lower_bound)
+        self.lower_bounds_ = [float(v) for v in np.asarray(result.lower_bounds)[:self.n_iter_]]
+        if self.verbose:
+            print(f"GaussianMixture: restarts' lower bounds "
+                  f"{np.asarray(result.restart_lower_bounds)}, best {self.lower_bound_:.6g}")
+        if not self.converged_ and self.max_iter > 0:
+            warnings.warn("Best performing initialization did not converge. Try different "
+                          "init parameters, or increase max_iter, tol, or check for "
+                          "degenerate data.", ConvergenceWarning, stacklevel=2)
+        return self.predict(X)
+
+    def partial_fit(self, X, y=None) -> GaussianMixture:
+        """One step of streaming (mini-batch) EM on the batch X (b, p).
+
+        The first call initialises from the batch (``init_params``/user inits); later
+        calls average the batch's statistics with step rho_t = (t + 2)^-0.6 and redo
+        the M-step. Attributes are updated after every call.
+        """
+        del y
+        self._check_settings()
+        if not hasattr(self, "_online_state"):
+            X = self._check_X(X, fitting=True)
+            seed = 0 if self.random_state is None else int(self.random_state)
+            init = jax.tree.map(lambda a: a[0],
+                                self._initial_params(X, jax.random.key(seed), 1))
+            self._online_state = online_em_init(X, init)
+            self.n_features_in_ = X.shape[1]
+        X = self._check_X(X, fitting=False)
+        self._online_state, batch_bound = online_em_step(
+            self._online_state, X, reg_covar=self.reg_covar, backend=self.backend,
+            precision=self.precision)
+        params = online_params(self._online_state)
+        if not bool(jnp.all(jnp.isfinite(params.precisions_cholesky))):
+            raise ValueError(_COLLAPSE_MESSAGE)
+        self._set_fitted(params)
+        self.lower_bound_ = float(batch_bound)
+        self.n_iter_ = int(self._online_state.step)
+        self.converged_ = False
+        return self
+
+    # ------------------------------------------------------------------ inference
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "params_"):
+            raise ValueError("This GaussianMixture instance is not fitted yet; call fit first")
+
+    def _weighted_log_prob(self, X):
+        log_dens = mvn_logpdf(X, self.params_, backend=self.backend, precision=self.precision)
+        return log_dens + jnp.log(self.params_.weights)
+
+    def score_samples(self, X) -> np.ndarray:
+        """(n,) log-likelihood log p(x_i) of every row."""
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        return np.asarray(log_prob(X, self.params_, backend=self.backend,
+                                   precision=self.precision))
+
+    def score(self, X, y=None) -> float:
+        """Mean log-likelihood of the rows of X (n, p)."""
+        del y
+        return float(np.mean(self.score_samples(X)))
+
+    def predict(self, X) -> np.ndarray:
+        """(n,) index of the most probable component of every row."""
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        return np.asarray(jnp.argmax(self._weighted_log_prob(X), axis=1))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """(n, m) responsibilities of every row."""
+        self._check_fitted()
+        X = self._check_X(X, fitting=False)
+        return np.asarray(jax.nn.softmax(self._weighted_log_prob(X), axis=1))
+
+    def sample(self, n_samples: int = 1):
+        """Draw (X (n_samples, p), labels (n_samples,)) from the fitted mixture."""
+        self._check_fitted()
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples=}")
+        rng = np.random.RandomState(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_ / self.weights_.sum())
+        p = self.means_.shape[1]
+        pieces = []
+        for j, count in enumerate(counts):
+            if self.covariance_type == "full":
+                cov = self.covariances_[j]
+            elif self.covariance_type == "tied":
+                cov = self.covariances_
+            elif self.covariance_type == "diag":
+                cov = np.diag(self.covariances_[j])
+            else:
+                cov = self.covariances_[j] * np.eye(p)
+            pieces.append(rng.multivariate_normal(self.means_[j], cov, int(count)))
+        labels = np.repeat(np.arange(len(counts)), counts)
+        return np.vstack(pieces), labels
+
+    def _n_parameters(self) -> int:
+        k, p = self.means_.shape
+        cov = {"full": k * p * (p + 1) / 2, "diag": k * p, "tied": p * (p + 1) / 2,
+               "spherical": k}[self.covariance_type]
+        return int(cov + p * k + k - 1)
+
+    def bic(self, X) -> float:
+        """Bayesian information criterion -2 n score + n_parameters log n (lower is better)."""
+        n = np.shape(X)[0]
+        return -2 * self.score(X) * n + self._n_parameters() * math.log(n)
+
+    def aic(self, X) -> float:
+        """Akaike information criterion -2 n score + 2 n_parameters (lower is better)."""
+        return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()

@@ -1,0 +1,252 @@
+"""EM drivers: maximum-likelihood EM, posterior-mode EM (BEM) and streaming mini-batch EM.
+
+Each EM iteration is one fused :func:`gpustat.mixture.suff_stats` pass (E-step and
+statistics, O(n p + m p^2) memory) followed by the closed-form :func:`m_step`. The loop is
+a ``lax.while_loop`` that stops when the mean log-likelihood changes by less than ``tol``
+(scikit-learn's rule); ``n_init`` restarts run batched with ``vmap``. Data are centred by
+their (weighted) mean inside the drivers so that covariances formed from raw moments do
+not cancel; the returned means are in the original coordinates.
+
+Streaming EM follows Cappe and Moulines (2009): the normalised statistics are averaged
+with step sizes rho_t = (t + 2)^-kappa and the M-step is applied after every batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from gpustat import mixture_ops
+from gpustat.mixture_mstep import m_step
+from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture_priors import DirichletPrior, NIWPrior, StickBreakingPrior
+from gpustat.mixture_validation import (
+    check_data,
+    check_params,
+    check_precision,
+    check_sample_weight,
+)
+
+__all__ = [
+    "STATUS_ILL_DEFINED_COVARIANCE",
+    "STATUS_OK",
+    "EMResult",
+    "OnlineEMState",
+    "fit_bem",
+    "fit_em",
+    "online_em_init",
+    "online_em_step",
+    "online_params",
+]
+
+STATUS_OK = 0
+STATUS_ILL_DEFINED_COVARIANCE = 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EMResult:
+    """Result of :func:`fit_em` / :func:`fit_bem` (the best restart).
+
+    Attributes:
+        params: fitted :class:`MixtureParams` (original coordinates).
+        lower_bound: () mean log-likelihood at the last E-step (scikit-learn's lower_bound_).
+        lower_bounds: (max_iter,) mean log-likelihood per iteration, NaN after n_iter.
+        n_iter: () iterations run.
+        converged: () whether the change fell below tol.
+        status: () 0 = ok, 1 = a component's covariance became ill-defined (collapsed);
+            then ``params`` are those of the last good iteration.
+        restart_lower_bounds: (n_init,) final lower bound of every restart.
+    """
+
+    params: MixtureParams
+    lower_bound: Float[Array, ""]
+    lower_bounds: Float[Array, " t"]
+    n_iter: Int[Array, ""]
+    converged: Bool[Array, ""]
+    status: Int[Array, ""]
+    restart_lower_bounds: Float[Array, " r"]
+
+
+def _shift_means(params: MixtureParams, shift) -> MixtureParams:
+    return dataclasses.replace(params, means=params.means + shift)
+
+
+def _is_finite(params: MixtureParams):
+    return jnp.all(jnp.isfinite(params.precisions_cholesky)) & jnp.all(
+        jnp.isfinite(params.means)) & jnp.all(jnp.isfinite(params.weights))
+
+
+def _em_loop(Xc, w, total_w, init, initial_lower_bound, *, tol, max_iter, reg_covar,
+             weight_prior, component_prior, path, precision):
+    dtype = Xc.dtype
+
+    def cond(state):
+        _, _, n_iter, converged, status, _ = state
+        return (n_iter < max_iter) & ~converged & (status == STATUS_OK)
+
+    def body(state):
+        params, lb, n_iter, _, _, trace = state
+        stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision)
+        new_lb = stats.loglik / total_w
+        new = m_step(stats, covariance_type=params.covariance_type, reg_covar=reg_covar,
+                     weight_prior=weight_prior, component_prior=component_prior)
+        ok = _is_finite(new)
+        params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, params)
+        converged = ok & (jnp.abs(new_lb - lb) < tol)
+        status = jnp.where(ok, STATUS_OK, STATUS_ILL_DEFINED_COVARIANCE).astype(jnp.int32)
+        return params, new_lb, n_iter + 1, converged, status, trace.at[n_iter].set(new_lb)
+
+    state = (init, jnp.asarray(initial_lower_bound, dtype), jnp.int32(0), jnp.bool_(False),
+             jnp.int32(STATUS_OK), jnp.full((max(max_iter, 1),), jnp.nan, dtype))
+    params, lb, n_iter, converged, status, trace = jax.lax.while_loop(cond, body, state)
+    return params, lb, n_iter, converged, status, trace[:max_iter]
+
+
+def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
+           sample_weight: Float[Array, " n"] | None = None, tol: float = 1e-3,
+           max_iter: int = 100, reg_covar: float = 1e-6,
+           weight_prior: DirichletPrior | StickBreakingPrior | None = None,
+           component_prior: NIWPrior | None = None, initial_lower_bound: float = -jnp.inf,
+           backend: str = "auto", precision: str = "highest") -> EMResult:
+    """Fit a Gaussian mixture by EM (MLE, or MAP with priors) from given initial parameters.
+
+    Args:
+        X: (n, p) data, float32 or float64 (16-bit computes in float32).
+        init: initial :class:`MixtureParams`; a leading (r,) axis on every array runs r
+            restarts batched (e.g. from :func:`gpustat.mixture.initialize`); the restart
+            with the largest final lower bound is returned.
+        sample_weight: optional (n,) non-negative row weights.
+        tol: stop when the mean log-likelihood changes by less than tol.
+        max_iter: maximum number of iterations (0 returns ``init``).
+        reg_covar: non-negative value added to covariance diagonals.
+        weight_prior: Dirichlet or stick-breaking prior for MAP weights (BEM).
+        component_prior: normal-inverse-Wishart prior for MAP means/covariances (full only).
+        initial_lower_bound: lower bound before the first iteration (warm starts).
+        backend: "auto", "pallas", "reference" or "interpret" (for the E-step).
+        precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
+
+    Returns:
+        :class:`EMResult`. Works under ``jax.jit`` with ``max_iter`` and the priors' types
+        static. A collapsing component is reported by ``status == 1``, not an exception.
+    """
+    X = check_data(X)
+    if reg_covar < 0:
+        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+    if max_iter < 0:
+        raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
+    batched = init.weights.ndim == 2
+    one = jax.tree.map(lambda a: a[0], init) if batched else init
+    check_params(one, X.shape[1], X.dtype)
+    init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    check_precision(precision)
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
+    weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
+    total_w = jnp.sum(weights)
+    shift = weights @ X / total_w
+    Xc = X - shift
+    if component_prior is not None:
+        component_prior = dataclasses.replace(component_prior,
+                                              mean=component_prior.mean - shift)
+
+    def run(start):
+        out = _em_loop(Xc, w, total_w, _shift_means(start, -shift), initial_lower_bound,
+                       tol=tol, max_iter=max_iter, reg_covar=reg_covar,
+                       weight_prior=weight_prior, component_prior=component_prior,
+                       path=path, precision=precision)
+        return (_shift_means(out[0], shift), *out[1:])
+
+    if not batched:
+        params, lb, n_iter, converged, status, trace = run(init)
+        return EMResult(params, lb, trace, n_iter, converged, status, lb[None])
+    params, lb, n_iter, converged, status, trace = jax.vmap(run)(init)
+    best = jnp.argmax(jnp.where(status == STATUS_OK, jnp.nan_to_num(lb, nan=-jnp.inf),
+                                -jnp.inf))
+    pick = lambda a: a[best]  # noqa: E731
+    return EMResult(jax.tree.map(pick, params), lb[best], trace[best], n_iter[best],
+                    converged[best], jnp.min(status), lb)
+
+
+def fit_bem(X: Float[Array, "n p"], init: MixtureParams, *, alpha: float = 1.0,
+            component_prior: NIWPrior | None = None, **kwargs) -> EMResult:
+    """Posterior-mode EM ("BEM") of the truncated Dirichlet-process mixture.
+
+    MAP weights under stick-breaking(alpha) and MAP means/covariances under a
+    normal-inverse-Wishart prior (default :meth:`NIWPrior.weak` of X). Full covariances.
+
+    Args:
+        X: (n, p) data.
+        init: initial :class:`MixtureParams` (``covariance_type="full"``).
+        alpha: stick-breaking concentration.
+        component_prior: NIW prior; default weakly informative, centred on X.
+        **kwargs: passed to :func:`fit_em` (tol, max_iter, reg_covar, backend, ...).
+
+    Returns:
+        :class:`EMResult`.
+    """
+    X = check_data(X)
+    prior = NIWPrior.weak(X) if component_prior is None else component_prior
+    return fit_em(X, init, weight_prior=StickBreakingPrior(jnp.asarray(alpha, X.dtype)),
+                  component_prior=prior, **kwargs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class OnlineEMState:
+    """State of streaming EM: per-row averaged statistics, parameters, shift, step count."""
+
+    stats: SuffStats
+    params: MixtureParams
+    shift: Float[Array, " p"]
+    step: Int[Array, ""]
+
+
+def online_em_init(X_first: Float[Array, "b p"], params: MixtureParams) -> OnlineEMState:
+    """Streaming-EM state from initial parameters; the first batch (b, p) fixes the centring."""
+    X_first = check_data(X_first, "X_first")
+    params = check_params(params, X_first.shape[1], X_first.dtype)
+    shift = jnp.mean(X_first, axis=0)
+    k, p = params.means.shape
+    zero = SuffStats(jnp.zeros(k, X_first.dtype), jnp.zeros((k, p), X_first.dtype),
+                     jnp.zeros((k, p, p), X_first.dtype), jnp.zeros((), X_first.dtype))
+    return OnlineEMState(zero, _shift_means(params, -shift), shift, jnp.int32(0))
+
+
+def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
+                   reg_covar: float = 1e-6, kappa: float = 0.6, backend: str = "auto",
+                   precision: str = "highest") -> tuple[OnlineEMState, Float[Array, ""]]:
+    """One mini-batch of streaming EM: s <- (1 - rho) s + rho stats(batch) / b, then M-step.
+
+    Args:
+        state: :class:`OnlineEMState` from :func:`online_em_init` or a previous step.
+        X_batch: (b, p) mini-batch.
+        reg_covar: added to covariance diagonals.
+        kappa: step-size exponent in (0.5, 1]; rho_t = (t + 2)^-kappa (rho_0 = 1 for t = 0).
+        backend: E-step backend.
+        precision: float32 matmul precision of the kernels.
+
+    Returns:
+        (new state, mean log-likelihood of the batch under the old parameters).
+    """
+    X_batch = check_data(X_batch, "X_batch")
+    check_precision(precision)
+    path = mixture_ops.resolve_mixture_backend(backend, X_batch.shape[1], "online_em_step")
+    Xc = X_batch - state.shift
+    stats = mixture_ops.dispatch_suff_stats(Xc, state.params, None, path=path,
+                                            precision=precision)
+    batch = stats.scale(1.0 / X_batch.shape[0])
+    rho = jnp.where(state.step == 0, 1.0, (state.step + 1.0) ** -kappa).astype(Xc.dtype)
+    averaged = state.stats.scale(1 - rho) + batch.scale(rho)
+    # m_step pads counts with 10 eps, so it needs counts on the data's scale, not per row
+    params = m_step(averaged.scale(X_batch.shape[0]),
+                    covariance_type=state.params.covariance_type, reg_covar=reg_covar)
+    return OnlineEMState(averaged, params, state.shift, state.step + 1), batch.loglik
+
+
+def online_params(state: OnlineEMState) -> MixtureParams:
+    """Current parameters of a streaming-EM state in the original coordinates."""
+    return _shift_means(state.params, state.shift)

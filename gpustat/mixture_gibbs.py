@@ -1,0 +1,212 @@
+"""Blocked Gibbs sampler of the truncated Dirichlet-process Gaussian mixture.
+
+One sweep (Ishwaran and James 2001; Suchard et al. 2010, section 2.2):
+
+1. z_i ~ Categorical(r_i.): fused densities + inverse-CDF draw, one uniform per row
+   (:func:`gpustat.mixture.sample_labels`);
+2. (N_j, sum x, sum x x^T) of the labels (:func:`gpustat.mixture.suff_stats_from_labels`);
+3. Sigma_j^-1 ~ Wishart(nu_n, Phi_n^-1) (Bartlett decomposition), mu_j | Sigma_j ~
+   N(m_n, Sigma_j / kappa_n) (:func:`sample_niw_posterior`);
+4. V_j ~ Beta(1 + N_j, alpha + sum_{l>j} N_l), V_m = 1, w = stick weights;
+   alpha ~ Gamma(m + e - 1, f - sum_{j<m} log(1 - V_j)) (:func:`sample_sticks`).
+
+Chains run by ``vmap`` over keys; every sweep records log-likelihood, alpha, counts,
+weights and means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from gpustat import mixture_ops
+from gpustat.mixture_init import initialize
+from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture_priors import NIWPrior, StickBreakingPrior, niw_posterior, stick_weights
+from gpustat.mixture_validation import check_data, check_params, check_precision
+
+__all__ = ["GibbsResult", "GibbsState", "fit_gibbs", "gibbs_sweep", "sample_niw_posterior",
+           "sample_sticks"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GibbsState:
+    """One chain's state: parameters, stick fractions V (m,) and concentration alpha."""
+
+    params: MixtureParams
+    sticks: Float[Array, " m"]
+    alpha: Float[Array, ""]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GibbsResult:
+    """Final states and per-sweep traces of c chains over t sweeps (original coordinates).
+
+    Attributes:
+        state: final :class:`GibbsState` with a leading (c,) axis.
+        loglik: (c, t) sum_i log p(x_i) under the parameters each sweep's labels came from.
+        alpha: (c, t) concentration draws.
+        counts: (c, t, m) component sizes N_j.
+        weights: (c, t, m) weight draws.
+        means: (c, t, m, p) mean draws.
+    """
+
+    state: GibbsState
+    loglik: Float[Array, "c t"]
+    alpha: Float[Array, "c t"]
+    counts: Float[Array, "c t m"]
+    weights: Float[Array, "c t m"]
+    means: Float[Array, "c t m p"]
+
+
+def _bartlett_factor(key, dof, p, dtype):
+    """Lower-triangular A with A A^T ~ Wishart(dof, I): A_ii^2 ~ chi2(dof - i), A_ij ~ N(0, 1)."""
+    k_diag, k_off = jax.random.split(key)
+    chi2 = 2.0 * jax.random.gamma(k_diag, (dof - jnp.arange(p, dtype=dtype)) / 2.0, dtype=dtype)
+    normal = jax.random.normal(k_off, (p, p), dtype)
+    return jnp.tril(normal, -1) + jnp.diag(jnp.sqrt(chi2))
+
+
+def sample_niw_posterior(key, prior: NIWPrior, stats: SuffStats) -> MixtureParams:
+    """Draw (mu_j, Sigma_j) for every component from its normal-inverse-Wishart posterior.
+
+    Args:
+        key: PRNG key.
+        prior: :class:`NIWPrior` (mean (p,), kappa, dof, scale (p, p)).
+        stats: :class:`SuffStats` of the labels (counts (m,), sum_x (m, p), sum_xx (m, p, p)).
+
+    Returns:
+        :class:`MixtureParams` (full covariance; weights uniform, to be replaced).
+    """
+    kappa_n, m_n, nu_n, phi_n = niw_posterior(prior, stats)
+    k, p = m_n.shape
+    dtype = m_n.dtype
+    eye = jnp.eye(p, dtype=dtype)
+
+    def one(key, kappa, mean, nu, phi):
+        k_w, k_mu = jax.random.split(key)
+        # Lambda = L A A^T L^T ~ Wishart(nu, Phi^-1) with L L^T = Phi^-1
+        inv_phi = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(phi), True), eye)
+        root = jnp.linalg.cholesky(inv_phi) @ _bartlett_factor(k_w, nu, p, dtype)
+        precision = root @ root.T
+        # mu = m_n + Lambda^{-1/2} z / sqrt(kappa_n): solve root^T y = z, cov(y) = Lambda^-1
+        z = jax.random.normal(k_mu, (p,), dtype)
+        mu = mean + jax.scipy.linalg.solve_triangular(root.T, z, lower=False) / jnp.sqrt(kappa)
+        return mu, precision
+
+    means, precisions = jax.vmap(one)(jax.random.split(key, k), kappa_n, m_n, nu_n, phi_n)
+    return MixtureParams.from_precisions(jnp.full((k,), 1.0 / k, dtype), means, precisions,
+                                         "full")
+
+
+def sample_sticks(key, counts: Float[Array, " m"], prior: StickBreakingPrior, alpha,
+                  *, sample_alpha: bool = True):
+    """Draw stick fractions V (m,) given counts, then alpha given V.
+
+    Returns:
+        (V (m,) with V_m = 1, weights (m,), alpha ()).
+    """
+    k_v, k_a = jax.random.split(key)
+    dtype = counts.dtype
+    later = jnp.cumsum(counts[::-1])[::-1] - counts  # sum_{l > j} N_l
+    v = jax.random.beta(k_v, 1.0 + counts, alpha + later, dtype=dtype)
+    tiny = jnp.finfo(dtype).eps
+    v = jnp.clip(v, tiny, 1 - tiny).at[-1].set(1.0)
+    m = counts.shape[0]
+    if sample_alpha:
+        rate = prior.alpha_rate - jnp.sum(jnp.log1p(-v[:-1]))
+        alpha = jax.random.gamma(k_a, prior.alpha_shape + m - 1, dtype=dtype) / rate
+    return v, stick_weights(v), alpha
+
+
+def gibbs_sweep(key, X, state: GibbsState, *, component_prior: NIWPrior,
+                weight_prior: StickBreakingPrior, sample_alpha: bool = True,
+                path: str = "reference", precision: str = "highest"):
+    """One blocked-Gibbs sweep on (centred) X; returns (new state, loglik, counts)."""
+    k_z, k_niw, k_v = jax.random.split(key, 3)
+    m = state.params.n_components
+    labels, lp = mixture_ops.dispatch_sample_labels(k_z, X, state.params, path=path,
+                                                    precision=precision, return_log_prob=True)
+    stats = mixture_ops.dispatch_suff_stats_from_labels(X, labels, m, None, path=path,
+                                                        precision=precision)
+    drawn = sample_niw_posterior(k_niw, component_prior, stats)
+    v, weights, alpha = sample_sticks(k_v, stats.counts, weight_prior, state.alpha,
+                                      sample_alpha=sample_alpha)
+    params = dataclasses.replace(drawn, weights=weights)
+    return GibbsState(params, v, alpha), jnp.sum(lp), stats.counts
+
+
+def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int = 200,
+              n_chains: int = 1, init: MixtureParams | None = None, alpha: float = 1.0,
+              component_prior: NIWPrior | None = None,
+              weight_prior: StickBreakingPrior | None = None, sample_alpha: bool = True,
+              backend: str = "auto", precision: str = "highest") -> GibbsResult:
+    """Blocked Gibbs sampling of the truncated DP mixture, ``n_chains`` chains by vmap.
+
+    Args:
+        key: PRNG key (split per chain).
+        X: (n, p) data, float32 or float64.
+        n_components: truncation level m.
+        n_sweeps: sweeps per chain (all recorded; discard burn-in yourself).
+        n_chains: independent chains c.
+        init: starting :class:`MixtureParams` (full; e.g. a BEM fit); default k-means++
+            seeds per chain.
+        alpha: initial stick-breaking concentration.
+        component_prior: NIW prior; default :meth:`NIWPrior.weak` of X.
+        weight_prior: stick-breaking prior with Gamma(e, f) on alpha; default (alpha, 1, 1).
+        sample_alpha: resample alpha every sweep.
+        backend: "auto", "pallas", "reference" or "interpret" for the label/statistics ops.
+        precision: float32 matmul precision of the kernels.
+
+    Returns:
+        :class:`GibbsResult` with (c, t, ...) traces.
+    """
+    X = check_data(X)
+    check_precision(precision)
+    if n_components < 1 or n_sweeps < 1 or n_chains < 1:
+        raise ValueError(f"need n_components, n_sweeps, n_chains >= 1, got {n_components=}, "
+                         f"{n_sweeps=}, {n_chains=}")
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
+    dtype = X.dtype
+    shift = jnp.mean(X, axis=0)
+    Xc = X - shift
+    prior = NIWPrior.weak(X) if component_prior is None else component_prior
+    prior = jax.tree.map(lambda a: jnp.asarray(a, dtype), prior)
+    prior = dataclasses.replace(prior, mean=prior.mean - shift)
+    sticks_prior = StickBreakingPrior(jnp.asarray(alpha, dtype)) if weight_prior is None \
+        else weight_prior
+    keys = jax.random.split(key, n_chains)
+    if init is None:
+        starts = initialize(key, Xc, n_components, method="k-means++", n_init=n_chains,
+                            reg_covar=1e-6)
+        starts = jax.vmap(lambda s: MixtureParams.from_covariances(
+            s.weights, s.means, s.covariances + jnp.diag(jnp.diag(prior.scale)), "full"))(starts)
+    else:
+        one = check_params(init, X.shape[1], dtype)
+        one = dataclasses.replace(one, means=one.means - shift)
+        starts = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_chains, *a.shape)), one)
+
+    def chain(chain_key, start):
+        state = GibbsState(start, jnp.zeros((n_components,), dtype),
+                           jnp.asarray(sticks_prior.alpha, dtype))
+
+        def step(state, sweep_key):
+            state, loglik, counts = gibbs_sweep(
+                sweep_key, Xc, state, component_prior=prior, weight_prior=sticks_prior,
+                sample_alpha=sample_alpha, path=path, precision=precision)
+            trace = (loglik, state.alpha, counts, state.params.weights,
+                     state.params.means + shift)
+            return state, trace
+
+        return jax.lax.scan(step, state, jax.random.split(chain_key, n_sweeps))
+
+    final, (loglik, alphas, counts, weights, means) = jax.vmap(chain)(keys, starts)
+    final = dataclasses.replace(final, params=dataclasses.replace(
+        final.params, means=final.params.means + shift))
+    return GibbsResult(final, loglik, alphas, counts, weights, means)
+

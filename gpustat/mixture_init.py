@@ -1,0 +1,131 @@
+"""Initial mixture parameters, computed on the device (scikit-learn's ``init_params`` choices).
+
+* ``"k-means++"``: D^2 seeding (Arthur and Vassilvitskii 2007); each seed is a
+  one-point component (covariance = reg_covar, as scikit-learn does).
+* ``"kmeans"``: Lloyd iterations from k-means++ seeds, then hard-label statistics.
+* ``"random"``: uniform random responsibilities (holds an n x m matrix).
+* ``"random_from_data"``: m distinct random rows as one-point components.
+
+Restarts are batched: ``n_init`` keys give parameters with a leading (n_init,) axis.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from gpustat.mixture_mstep import m_step
+from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.reference.mixture import suff_stats_from_responsibilities
+
+__all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
+
+INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
+_ROW_CHUNK = 8192
+
+
+def kmeans_plusplus(key, X, n_components: int):
+    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
+    n = X.shape[0]
+    keys = jax.random.split(key, n_components)
+    first = jax.random.randint(keys[0], (), 0, n)
+    dist = jnp.sum((X - X[first]) ** 2, axis=1)
+    indices = jnp.zeros((n_components,), jnp.int32).at[0].set(first)
+
+    def body(j, carry):
+        indices, dist = carry
+        # rows already chosen have D^2 = 0 and are never drawn again (unless all are 0)
+        logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1)), -jnp.inf)
+        logits = jnp.where(jnp.any(dist > 0), logits, 0.0)
+        idx = jax.random.categorical(keys[j], logits).astype(jnp.int32)
+        dist = jnp.minimum(dist, jnp.sum((X - X[idx]) ** 2, axis=1))
+        return indices.at[j].set(idx), dist
+
+    indices, _ = jax.lax.fori_loop(1, n_components, body, (indices, dist))
+    return indices
+
+
+def _nearest_centre(X, centres):
+    """(n,) index of the nearest centre, in row chunks (no n x m matrix at once)."""
+    sq = jnp.sum(centres**2, axis=1)
+
+    def row(x):
+        return jnp.argmin(sq - 2 * centres @ x).astype(jnp.int32)
+
+    return jax.lax.map(row, X, batch_size=min(_ROW_CHUNK, X.shape[0]))
+
+
+def _label_stats(X, labels, n_components):
+    """Hard-label statistics by segment sums (no n x m matrix)."""
+    ones = jnp.ones(X.shape[0], X.dtype)
+    counts = jax.ops.segment_sum(ones, labels, n_components)
+    sum_x = jax.ops.segment_sum(X, labels, n_components)
+    sum_xx = jax.lax.map(
+        lambda j: (X * (labels == j)[:, None]).T @ X, jnp.arange(n_components))
+    return SuffStats(counts, sum_x, sum_xx, jnp.zeros((), X.dtype))
+
+
+def _lloyd(X, centres, max_iter: int):
+    n_components = centres.shape[0]
+
+    def body(state):
+        i, centres, _ = state
+        labels = _nearest_centre(X, centres)
+        counts = jax.ops.segment_sum(jnp.ones(X.shape[0], X.dtype), labels, n_components)
+        sums = jax.ops.segment_sum(X, labels, n_components)
+        new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], centres)
+        return i + 1, new, jnp.max(jnp.abs(new - centres))
+
+    def cond(state):
+        i, _, shift = state
+        return (i < max_iter) & (shift > 0)
+
+    _, centres, _ = jax.lax.while_loop(cond, body, (0, centres, jnp.array(jnp.inf, X.dtype)))
+    return _nearest_centre(X, centres)
+
+
+def _one_point_stats(X, indices):
+    x = X[indices]
+    return SuffStats(jnp.ones(indices.shape[0], X.dtype), x, x[:, :, None] * x[:, None, :],
+                     jnp.zeros((), X.dtype))
+
+
+def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
+                    kmeans_max_iter):
+    if method == "k-means++":
+        stats = _one_point_stats(X, kmeans_plusplus(key, X, n_components))
+    elif method == "random_from_data":
+        idx = jax.random.choice(key, X.shape[0], (n_components,), replace=False)
+        stats = _one_point_stats(X, idx)
+    elif method == "kmeans":
+        seeds = X[kmeans_plusplus(key, X, n_components)]
+        stats = _label_stats(X, _lloyd(X, seeds, kmeans_max_iter), n_components)
+    else:
+        resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
+        stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
+    return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
+
+
+def initialize(key, X, n_components: int, *, covariance_type: str = "full",
+               reg_covar: float = 1e-6, method: str = "kmeans", n_init: int = 1,
+               kmeans_max_iter: int = 100) -> MixtureParams:
+    """Initial parameters for ``n_init`` restarts, stacked on a leading (n_init,) axis.
+
+    Args:
+        key: JAX PRNG key (split into one key per restart).
+        X: (n, p) data (centred by the caller when it will be fitted centred).
+        n_components: m.
+        covariance_type: "full", "tied", "diag" or "spherical".
+        reg_covar: added to covariance diagonals.
+        method: one of :data:`INIT_METHODS`.
+        n_init: number of restarts.
+        kmeans_max_iter: Lloyd iterations for ``"kmeans"``.
+
+    Returns:
+        :class:`MixtureParams` whose arrays have a leading (n_init,) axis.
+    """
+    if method not in INIT_METHODS:
+        raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
+    keys = jax.random.split(key, n_init)
+    return jax.vmap(lambda k: _initialize_one(k, X, n_components, covariance_type, reg_covar,
+                                              method, kmeans_max_iter))(keys)

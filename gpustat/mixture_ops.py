@@ -1,0 +1,218 @@
+"""Public Gaussian-mixture E-step ops: validate, dispatch to the reference or the Pallas kernels.
+
+Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "interpret")
+and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
+"tf32x3" = three TF32 tensor-core products; plain TF32 is never used). float64 stays
+float64 on every backend; 16-bit inputs compute in float32. The kernels handle
+p <= 32 features; "auto" uses the reference beyond that.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from gpustat._backend import resolve_backend
+from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture_validation import (
+    check_data,
+    check_labels,
+    check_params,
+    check_precision,
+    check_sample_weight,
+)
+from gpustat.pallas import mixture as _kernels
+from gpustat.reference import mixture as _reference
+
+__all__ = [
+    "log_prob",
+    "mvn_logpdf",
+    "responsibilities",
+    "sample_labels",
+    "suff_stats",
+    "suff_stats_from_labels",
+]
+
+
+def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
+    """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
+    return resolve_backend(
+        backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
+        unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "
+                           f"p={n_features}")
+
+
+def _prepare(X, params, op, backend, precision):
+    X = check_data(X)
+    params = check_params(params, X.shape[1], X.dtype)
+    check_precision(precision)
+    return X, params, resolve_mixture_backend(backend, X.shape[1], op)
+
+
+def _kernel_kwargs(path, precision):
+    return {"interpret": path == "interpret", "precision": precision}
+
+
+def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
+               precision: str = "highest") -> Float[Array, "n m"]:
+    """Component log-densities log N(x_i | mu_j, Sigma_j).
+
+    Args:
+        X: (n, p) data, float32 or float64 (16-bit computes in float32).
+        params: :class:`MixtureParams` with k = m components.
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends, "highest" or "tf32x3".
+
+    Returns:
+        (n, m) log-densities in X's compute dtype. The reference computes them in row
+        chunks; the kernel writes one (block_n, block_k) tile per program.
+    """
+    X, params, path = _prepare(X, params, "mvn_logpdf", backend, precision)
+    if path == "reference":
+        return _reference.mvn_logpdf(X, params)
+    return _kernels.mvn_logpdf(X, params, **_kernel_kwargs(path, precision))
+
+
+def log_prob(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
+             precision: str = "highest") -> Float[Array, " n"]:
+    """Per-row mixture log-likelihood log p(x_i) = logsumexp_j (log w_j + log N_ij).
+
+    Args:
+        X: (n, p) data, float32 or float64.
+        params: :class:`MixtureParams` (m components).
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends.
+
+    Returns:
+        (n,) log-likelihoods; memory O(n p + m p^2) (the n x m matrix is never formed).
+    """
+    X, params, path = _prepare(X, params, "log_prob", backend, precision)
+    if path == "reference":
+        return _reference.log_prob(X, params)
+    return _kernels.log_prob(X, params, **_kernel_kwargs(path, precision))
+
+
+def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
+                     precision: str = "highest") -> Float[Array, "n m"]:
+    """Posterior component probabilities r_ij = w_j N_ij / p(x_i).
+
+    Args:
+        X: (n, p) data, float32 or float64.
+        params: :class:`MixtureParams` (m components).
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends.
+
+    Returns:
+        (n, m) responsibilities, rows summing to one.
+    """
+    X, params, path = _prepare(X, params, "responsibilities", backend, precision)
+    if path == "reference":
+        return _reference.responsibilities(X, params)
+    kw = _kernel_kwargs(path, precision)
+    log_dens = _kernels.mvn_logpdf(X, params, **kw)
+    lse = _kernels.log_prob(X, params, **kw)
+    return jnp.exp(log_dens + jnp.log(params.weights) - lse[:, None])
+
+
+def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
+               sample_weight: Float[Array, " n"] | None = None, *, backend: str = "auto",
+               precision: str = "highest") -> SuffStats:
+    """Fused E-step: N_j, sum_i r_ij x_i, sum_i r_ij x_i x_i^T and the log-likelihood.
+
+    The kernel path never writes the n x m responsibility matrix: one pass computes
+    log p(x_i) (online log-sum-exp), a second recomputes each component block's
+    logits per row tile and accumulates the statistics in registers.
+
+    Args:
+        X: (n, p) data, float32 or float64. Centre it first (the fit drivers do) so
+            that covariances formed from these raw moments do not cancel.
+        params: :class:`MixtureParams` (m components).
+        sample_weight: optional (n,) non-negative row weights w_i (default 1).
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends.
+
+    Returns:
+        :class:`SuffStats` with counts (m,), sum_x (m, p), sum_xx (m, p, p) and
+        loglik = sum_i w_i log p(x_i).
+    """
+    X, params, path = _prepare(X, params, "suff_stats", backend, precision)
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    return dispatch_suff_stats(X, params, w, path=path, precision=precision)
+
+
+def dispatch_suff_stats(X, params, w, *, path: str, precision: str) -> SuffStats:
+    """:func:`suff_stats` on validated input and a resolved path (for the drivers' loops)."""
+    if path == "reference":
+        return _reference.suff_stats(X, params, w)
+    return _kernels.suff_stats(X, params, w, **_kernel_kwargs(path, precision))
+
+
+def sample_labels(key, X: Float[Array, "n p"], params: MixtureParams, *,
+                  backend: str = "auto", precision: str = "highest",
+                  return_log_prob: bool = False):
+    """Draw z_i ~ Categorical(r_i.) for every row, fused with the densities.
+
+    Row i uses the single uniform u_i = ``jax.random.uniform(key, (n,))[i]`` and takes
+    the first component whose cumulative responsibility exceeds it (inverse CDF), so
+    every backend draws the same labels from the same key.
+
+    Args:
+        key: a JAX PRNG key.
+        X: (n, p) data, float32 or float64.
+        params: :class:`MixtureParams` (m components).
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends.
+        return_log_prob: also return log p(x_i) (n,), computed in the same pass.
+
+    Returns:
+        (n,) int32 labels in [0, m) (and the (n,) log-likelihoods when asked).
+    """
+    X, params, path = _prepare(X, params, "sample_labels", backend, precision)
+    return dispatch_sample_labels(key, X, params, path=path, precision=precision,
+                                  return_log_prob=return_log_prob)
+
+
+def dispatch_sample_labels(key, X, params, *, path: str, precision: str,
+                           return_log_prob: bool = False):
+    """:func:`sample_labels` on validated input and a resolved path."""
+    if path == "reference":
+        return _reference.sample_labels(key, X, params, return_log_prob=return_log_prob)
+    return _kernels.sample_labels(key, X, params, return_log_prob=return_log_prob,
+                                  **_kernel_kwargs(path, precision))
+
+
+def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_components: int,
+                           sample_weight: Float[Array, " n"] | None = None, *,
+                           backend: str = "auto", precision: str = "highest") -> SuffStats:
+    """Statistics of hard labels: N_j, sum_{z_i=j} w_i x_i, sum_{z_i=j} w_i x_i x_i^T.
+
+    Args:
+        X: (n, p) data, float32 or float64.
+        labels: (n,) integer labels in [0, m) (range checked on concrete input).
+        n_components: m.
+        sample_weight: optional (n,) non-negative row weights.
+        backend: "auto", "pallas", "reference" or "interpret".
+        precision: float32 matmul precision on kernel backends.
+
+    Returns:
+        :class:`SuffStats` (loglik = 0: hard labels carry no likelihood).
+    """
+    X = check_data(X)
+    check_precision(precision)
+    if int(n_components) < 1:
+        raise ValueError(f"n_components must be >= 1, got {n_components=}")
+    labels = check_labels(labels, X.shape[0], n_components)
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels")
+    return dispatch_suff_stats_from_labels(X, labels, n_components, w, path=path,
+                                           precision=precision)
+
+
+def dispatch_suff_stats_from_labels(X, labels, n_components, w, *, path: str,
+                                    precision: str) -> SuffStats:
+    """:func:`suff_stats_from_labels` on validated input and a resolved path."""
+    if path == "reference":
+        return _reference.suff_stats_from_labels(X, labels, n_components, w)
+    return _kernels.suff_stats_from_labels(X, labels, n_components, w,
+                                           **_kernel_kwargs(path, precision))
+

@@ -1,0 +1,106 @@
+"""Input checks shared by the mixture ops, drivers and estimator.
+
+Shape and dtype checks are static (they work under ``jax.jit``); value checks
+(finiteness, positivity, label range) run only on concrete arrays and are skipped for
+tracers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
+
+__all__ = ["PRECISION_CHOICES", "check_data", "check_labels", "check_params", "check_precision",
+           "check_sample_weight", "is_concrete"]
+
+PRECISION_CHOICES = ("highest", "tf32x3")
+
+
+def is_concrete(x) -> bool:
+    """True when ``x`` holds values (not a tracer inside jit/vmap/grad)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_data(X, name: str = "X") -> jax.Array:
+    """X as a (n, p) float array (16-bit -> float32); finite when concrete."""
+    X = jnp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n, p), got {name}.shape={X.shape}")
+    if not jnp.issubdtype(X.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating array, got {name}.dtype={X.dtype}")
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"{name} needs at least one row and one column, got {X.shape=}")
+    if X.dtype != jnp.float64:
+        X = X.astype(jnp.float32)
+    if is_concrete(X) and not bool(jnp.all(jnp.isfinite(X))):
+        bad = int(jnp.sum(~jnp.isfinite(X)))
+        raise ValueError(f"{name} contains {bad} NaN or infinite values; remove or impute them")
+    return X
+
+
+def check_params(params, n_features: int, dtype) -> MixtureParams:
+    """``params`` cast to ``dtype`` after checking every array's shape against (k, p)."""
+    if not isinstance(params, MixtureParams):
+        raise TypeError(f"params must be a MixtureParams, got {type(params).__name__}")
+    kind = params.covariance_type
+    if kind not in COVARIANCE_TYPES:
+        raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got {kind=!r}")
+    means = params.means
+    if means.ndim != 2 or means.shape[1] != n_features:
+        raise ValueError(f"params.means must be (k, p={n_features}), got {means.shape=}")
+    k, p = means.shape
+    expected = {"full": (k, p, p), "tied": (p, p), "diag": (k, p), "spherical": (k,)}[kind]
+    for field in ("covariances", "precisions_cholesky"):
+        shape = getattr(params, field).shape
+        if shape != expected:
+            raise ValueError(f"params.{field} for covariance_type={kind!r} must have shape "
+                             f"{expected}, got {shape}")
+    if params.weights.shape != (k,):
+        raise ValueError(f"params.weights must be ({k},), got {params.weights.shape=}")
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+
+
+def check_sample_weight(sample_weight, n: int, dtype):
+    """None, or a (n,) non-negative finite weight vector in ``dtype``."""
+    if sample_weight is None:
+        return None
+    w = jnp.asarray(sample_weight)
+    if w.shape != (n,):
+        raise ValueError(f"sample_weight must have shape ({n},), got {w.shape=}")
+    w = w.astype(dtype)
+    if is_concrete(w) and not bool(jnp.all(jnp.isfinite(w) & (w >= 0))):
+        raise ValueError("sample_weight must be finite and non-negative")
+    return w
+
+
+def check_labels(labels, n: int, n_components: int):
+    """A (n,) integer label vector with values in [0, n_components) when concrete."""
+    labels = jnp.asarray(labels)
+    if labels.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},), got {labels.shape=}")
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"labels must be integers, got {labels.dtype=}")
+    if is_concrete(labels) and n and not (0 <= int(labels.min()) and
+                                          int(labels.max()) < n_components):
+        raise ValueError(f"labels must lie in [0, {n_components}), got range "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
+    return labels.astype(jnp.int32)
+
+
+def check_precision(precision: str) -> str:
+    """The float32 matmul precision: "highest" (IEEE fp32) or "tf32x3" (3xTF32)."""
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision=!r}")
+    return precision
+
+
+def check_positive_definite(matrices, name: str) -> None:
+    """Raise unless every (p, p) matrix in ``matrices`` is symmetric positive definite."""
+    m = np.asarray(matrices, dtype=np.float64)
+    if not np.allclose(m, np.swapaxes(m, -1, -2), rtol=1e-6, atol=1e-10):
+        raise ValueError(f"{name} must be symmetric")
+    if not np.all(np.linalg.eigvalsh(m) > 0):
+        raise ValueError(f"{name} must be positive definite")
