@@ -189,35 +189,32 @@ def cell_moments(lo, hi, c, *, order: int = DEFAULT_ORDER):
 # ----------------------------------------------------------------------------- Stage 2
 
 
-def second_jet_matrix(aa, ar, sbb, sbh, sbw):
-    """The cell's symmetric (r, r, 4) matrix of second jets U (slot 0 stands for a).
+def second_jet_matrix(jet_a, jet_b):
+    """The cell's symmetric (r, r, 4) matrix U of second jets (slot 0 stands for a).
 
-    U[0,0] = ∂²η/∂a², U[0,u] = U[u,0] = ∂²η/∂a∂θ_u, U[1,1] = S_bb,
-    U[1,2+j] = S_{bh_j}, U[1,2+p_h+j] = S_{bw_j}; every other entry is 0.
+    ``jet_a`` (r, 4): U[0,0] = ∂²η/∂a², U[0,u] = U[u,0] = ∂²η/∂a∂θ_u;
+    ``jet_b`` (r-1, 4): U[1,u] = U[u,1] = ∂²η/∂b∂θ_u for u >= 1 (S_bb, S_{bh_j}, S_{bw_j});
+    every other entry is 0 (η is linear in β_h, β_w and q does not enter it).
     """
-    r = ar.shape[0] + 1
-    row_a = jnp.concatenate([aa[None], ar])                        # (r, 4)
-    row_b = jnp.concatenate([ar[:1], sbb[None], sbh, sbw])         # (r, 4)
-    u = jnp.zeros((r, r, 4), aa.dtype)
-    u = u.at[0, :].set(row_a).at[:, 0].set(row_a)
-    u = u.at[1, 1:].set(row_b[1:]).at[1:, 1].set(row_b[1:])
-    return u
+    r = jet_a.shape[0]
+    u = jnp.zeros((r, r, 4), jet_a.dtype)
+    u = u.at[0, :].set(jet_a).at[:, 0].set(jet_a)
+    return u.at[1, 1:].set(jet_b).at[1:, 1].set(jet_b)
 
 
-def cell_functionals(c, m, a, aa, r_jet, ar, sbb, sbh, sbw):
+def cell_functionals(c, m, jet, jet_a, jet_b):
     """First- and second-derivative functionals of one cell (slot 0 = a, u = θ_u).
 
-    With E = [A; R_1; …; R_{r-1}] (r, 4) and the Hankel matrix M_pq = T_{p+q},
-    T_n = κ Σ_e C_e m_{e+n}:
+    With E = ``jet`` = [A; R_1; …; R_{r-1}] (r, 4), the Hankel matrix M_pq = T_{p+q},
+    T_n = κ Σ_e C_e m_{e+n} and U = :func:`second_jet_matrix`:
 
         first[u]     = D(E_u)                  = κ Σ_k E_uk m_k
         second[u, v] = H(E_u, E_v, U_uv)       = D(U_uv) - Σ_pq E_up E_vq T_{p+q}
     """
     t = KAPPA * jnp.stack([c @ m[n:n + 4] for n in range(7)])
     hankel = t[jnp.arange(4)[:, None] + jnp.arange(4)[None, :]]
-    e = jnp.concatenate([a[None], r_jet])                          # (r, 4)
-    first = KAPPA * (e @ m[:4])
-    second = KAPPA * (second_jet_matrix(aa, ar, sbb, sbh, sbw) @ m[:4]) - e @ hankel @ e.T
+    first = KAPPA * (jet @ m[:4])
+    second = KAPPA * (second_jet_matrix(jet_a, jet_b) @ m[:4]) - jet @ hankel @ jet.T
     return first, second
 
 
@@ -260,13 +257,14 @@ def finalize_row(first, second, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w
 
 
 @jax.jit
-def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_a, cell_aa, cell_r,
-                    cell_ar, cell_sbb, cell_sbh, cell_sbw, mu_1, mu_2, e_obs, chi, xi, rho, tau,
-                    r_uv, y, w):
+def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, cell_jet_a,
+                    cell_jet_b, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w):
     """Stage 2 for all rows: per-cell functionals, segment sums over rows, row finalisation.
 
-    Shapes: ``cell_offsets`` (n+1,) int, cell arrays (c, …) as in :class:`gpustat.bms.BmsRows`,
-    row arrays (n,), ``rho, tau`` (n, r), ``r_uv`` (n, r, r).
+    Shapes: ``cell_offsets`` (n+1,) int; ``cell_c`` (c, 4); ``cell_moments`` (c, K+1), K >= 9;
+    ``cell_status`` (c,) int; ``cell_jet``, ``cell_jet_a`` (c, r, 4); ``cell_jet_b``
+    (c, r-1, 4) (see :class:`gpustat.bms.BmsRows`); row arrays (n,); ``rho, tau`` (n, r);
+    ``r_uv`` (n, r, r), symmetric.
 
     Returns (neglog (n,), grad (n, r), hess (n, r, r), status (n,) int32); a row with
     a failed cell (Stage-1 status != 0) gets NaN outputs and status 3.
@@ -276,8 +274,7 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_a, cel
     counts = cell_offsets[1:] - cell_offsets[:-1]
     cell_row = jnp.repeat(jnp.arange(n), counts, total_repeat_length=n_cells)
     first, second = jax.vmap(cell_functionals)(
-        cell_c, cell_moments[:, :STAGE2_ORDER + 1], cell_a, cell_aa, cell_r, cell_ar, cell_sbb,
-        cell_sbh, cell_sbw)
+        cell_c, cell_moments[:, :STAGE2_ORDER + 1], cell_jet, cell_jet_a, cell_jet_b)
     first = jax.ops.segment_sum(first, cell_row, num_segments=n)
     second = jax.ops.segment_sum(second, cell_row, num_segments=n)
     failed = jax.ops.segment_max(cell_status, cell_row, num_segments=n) > 0

@@ -82,7 +82,7 @@ def rigid_stage2_inputs(rows):
     C = S_f (a, b, 0, 0); its moments are the affine closed form written here with math.erf.
     """
     n = len(rows)
-    out = {k: [] for k in ("lo", "hi", "c", "a", "aa", "r", "ar", "sbb", "moments", "mu_1", "mu_2",
+    out = {k: [] for k in ("lo", "hi", "c", "jet", "jet_a", "jet_b", "moments", "mu_1", "mu_2",
                            "e_obs", "chi", "xi", "rho", "tau", "y", "w")}
     for q, b, z_obs, y, s_f in rows:
         a = q * math.sqrt(1 + s_f**2 * b**2) / s_f
@@ -90,11 +90,9 @@ def rigid_stage2_inputs(rows):
         out["lo"].append(-INF)
         out["hi"].append(INF)
         out["c"].append([alpha, beta, 0, 0])
-        out["a"].append([s_f, 0, 0, 0])
-        out["aa"].append([0, 0, 0, 0])
-        out["r"].append([[0, s_f, 0, 0]])
-        out["ar"].append([[0, 0, 0, 0]])
-        out["sbb"].append([0, 0, 0, 0])
+        out["jet"].append([[s_f, 0, 0, 0], [0, s_f, 0, 0]])     # ∂η/∂a, ∂η/∂b
+        out["jet_a"].append([[0, 0, 0, 0], [0, 0, 0, 0]])       # ∂²η/∂a², ∂²η/∂a∂b
+        out["jet_b"].append([[0, 0, 0, 0]])                     # ∂²η/∂b²
         # whole-line moments of exp(-(z² + (α+βz)²)/2): a Gaussian in z, mean μ, variance 1/d1
         d1 = 1 + beta**2
         mu = -alpha * beta / d1
@@ -116,8 +114,7 @@ def rigid_stage2_inputs(rows):
         out["w"].append(1.0)
     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
     arrays["offsets"] = np.arange(n + 1, dtype=np.int32)
-    arrays["sbh"] = np.zeros((n, 0, 4))
-    arrays["sbw"] = np.zeros((n, 0, 4))
+    arrays["status"] = np.zeros(n, dtype=np.int32)
     arrays["r_uv"] = np.zeros((n, 2, 2))
     return arrays
 
@@ -143,3 +140,7 @@ def dense_joint_loops(hess, x, g):
             jac[2 + k, p_m + p_g + k] = 1.0
         out += jac.T @ hess[i] @ jac
     return out
+
+
+STAGE2_KEYS = ("offsets", "c", "moments", "status", "jet", "jet_a", "jet_b", "mu_1", "mu_2", "e_obs",
+               "chi", "xi", "rho", "tau", "r_uv", "y", "w")

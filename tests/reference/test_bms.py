@@ -74,14 +74,7 @@ def test_moment_status_codes(lo, hi, coeffs, status):
 
 def _rigid_outputs(rows):
     inp = tables.rigid_stage2_inputs(rows)
-    return bms.row_derivatives(
-        jnp.asarray(inp["offsets"]), jnp.asarray(inp["c"]), jnp.asarray(inp["moments"]),
-        jnp.zeros(len(rows), jnp.int32), jnp.asarray(inp["a"]), jnp.asarray(inp["aa"]),
-        jnp.asarray(inp["r"]), jnp.asarray(inp["ar"]), jnp.asarray(inp["sbb"]),
-        jnp.asarray(inp["sbh"]), jnp.asarray(inp["sbw"]), jnp.asarray(inp["mu_1"]),
-        jnp.asarray(inp["mu_2"]), jnp.asarray(inp["e_obs"]), jnp.asarray(inp["chi"]),
-        jnp.asarray(inp["xi"]), jnp.asarray(inp["rho"]), jnp.asarray(inp["tau"]),
-        jnp.asarray(inp["r_uv"]), jnp.asarray(inp["y"]), jnp.asarray(inp["w"]))
+    return bms.row_derivatives(*(jnp.asarray(inp[k]) for k in tables.STAGE2_KEYS))
 
 
 def test_rigid_model_matches_closed_form_table():
@@ -106,12 +99,9 @@ def test_rigid_model_moments_from_stage1_match_closed_form():
 def test_degenerate_and_failed_rows_are_reported_per_row():
     rows = [params for params, _ in tables.RIGID_ROWS[:3]]
     inp = tables.rigid_stage2_inputs(rows)
-    inp["a"][1] = -inp["a"][1]                   # F_a < 0 in row 1
-    status_in = np.array([0, 0, 4], np.int32)    # row 2's cell failed in Stage 1
-    neglog, grad, hess, status = bms.row_derivatives(
-        inp["offsets"], inp["c"], inp["moments"], status_in, inp["a"], inp["aa"], inp["r"],
-        inp["ar"], inp["sbb"], inp["sbh"], inp["sbw"], inp["mu_1"], inp["mu_2"], inp["e_obs"],
-        inp["chi"], inp["xi"], inp["rho"], inp["tau"], inp["r_uv"], inp["y"], inp["w"])
+    inp["jet"][1, 0] = -inp["jet"][1, 0]         # F_a < 0 in row 1
+    inp["status"][2] = 4                         # row 2's cell failed in Stage 1
+    neglog, grad, hess, status = bms.row_derivatives(*(jnp.asarray(inp[k]) for k in tables.STAGE2_KEYS))
     assert list(np.asarray(status)) == [0, 1, 3]
     assert np.isfinite(neglog[0]) and np.all(np.isfinite(hess[0]))
     for i in (1, 2):

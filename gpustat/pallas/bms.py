@@ -1,0 +1,557 @@
+"""BMS FLEX Pallas-Triton kernels: Stage-1 cell moments, Stage-2 row derivatives, joint operators.
+
+Each wrapper has the signature of its :mod:`gpustat.reference.bms` counterpart plus
+``interpret`` and block settings. All arrays stay whole in global memory
+(``memory_space=ANY``) and are read with masked gathers, so no wrapper pads or
+copies a large input.
+
+* ``_cell_moments_kernel``: ``block_cells`` cells per program; the 384 Gauss-Legendre
+  nodes are folded in chunks of 128 (a (block_cells, 128) tile per step), skipped
+  entirely when every cell of the block is affine; affine cells use the closed form
+  and the upward recurrence on (block_cells,) vectors.
+* ``_row_derivatives_kernel``: ``block_rows`` rows per program walk their CSR cells
+  in lock step (cell slot k of every row, masked past each row's count). Per row it
+  accumulates the first functionals D(E_u), the D parts of the second jets and the
+  quadratic form Σ_pq E_up E_vq T_{p+q} in an (r, r) register tile, symmetrised term
+  by term so that the finished Hessian is bitwise symmetric, then finalises the
+  implicit-function and probit algebra on the tile.
+* ``_joint_hvp_kernel`` / ``_joint_diagonal_kernel`` / ``_joint_dense_kernel``: each
+  program streams ``steps`` blocks of ``block_rows`` row Hessians (the Hessian is
+  read once for all directions of a multi-RHS HVP) and writes its own partial sums;
+  the wrapper adds the partials in program order (deterministic, no atomics).
+
+Padding: r is padded to a power of two in registers only (lanes u >= r are masked
+to zero on load, never stored).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from gpustat.pallas._common import compute_dtype, next_pow2, pallas_call, register_lowering_case
+from gpustat.reference.bms import (
+    AFFINE_TOL,
+    GL_NODES,
+    KAPPA,
+    STAGE2_ORDER,
+    CellStatus,
+    RowStatus,
+    gauss_legendre,
+)
+from gpustat.reference.numerics import log_ndtr_and_mills, ndtr, probit_curvature
+
+__all__ = ["cell_moments", "joint_dense", "joint_diagonal", "joint_hvp", "row_derivatives"]
+
+_ANY = pl.BlockSpec(memory_space=pl.ANY)
+_GL_CHUNK = 128
+_SQRT_2PI = 2.5066282746310002
+MAX_RHS = 8
+
+
+def _finite(x):
+    """isfinite from comparisons (is_finite has no Triton lowering); NaN -> False."""
+    return jnp.abs(x) < jnp.inf
+
+
+def _load(ref, idx, mask, other=0.0):
+    return plt.load(ref.at[idx], mask=mask, other=other)
+
+
+# ----------------------------------------------------------------------------- Stage 1
+
+
+def _ndtr_diff(lo, hi):
+    upper = lo > 0
+    return jnp.where(upper, ndtr(-lo) - ndtr(-hi), ndtr(hi) - ndtr(lo))
+
+
+def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, status_ref, *,
+                         n_cells, order, block_cells):
+    cells = pl.program_id(0) * block_cells + jnp.arange(block_cells)
+    live = cells < n_cells
+    lo = _load(lo_ref, cells, live, -1.0)
+    hi = _load(hi_ref, cells, live, 1.0)
+    c0, c1, c2, c3 = (_load(c_ref, (cells, e), live) for e in range(4))
+    finite_c = _finite(c0) & _finite(c1) & _finite(c2) & _finite(c3)
+    infinite = (jnp.abs(lo) == jnp.inf) | (jnp.abs(hi) == jnp.inf)
+    curved = (jnp.abs(c2) > AFFINE_TOL) | (jnp.abs(c3) > AFFINE_TOL)
+    invalid = (lo != lo) | (hi != hi) | ~(hi > lo) | (lo == jnp.inf) | (hi == -jnp.inf)
+    half = jnp.where(infinite, 1.0, 0.5 * (hi - lo))
+    mid = jnp.where(infinite, 0.0, 0.5 * (hi + lo))
+    k2 = half * half * (c2 + 3.0 * c3 * mid)
+    k3 = c3 * half * half * half
+    affine = infinite | ((jnp.abs(k2) <= AFFINE_TOL) & (jnp.abs(k3) <= AFFINE_TOL))
+    zero = jnp.zeros_like(c0)
+    c0, c1, c2, c3 = (jnp.where(finite_c, v, zero) for v in (c0, c1, c2, c3))
+
+    # Gauss-Legendre on [mid - half, mid + half], 128 nodes per step; skipped when
+    # every cell of the block takes an affine branch.
+    def gl_step(j, carry):
+        acc, bad = carry
+        t = nodes_ref[pl.ds(j * _GL_CHUNK, _GL_CHUNK)]
+        wt = weights_ref[pl.ds(j * _GL_CHUNK, _GL_CHUNK)]
+        z = mid[:, None] + half[:, None] * t[None, :]
+        eta = c0[:, None] + z * (c1[:, None] + z * (c2[:, None] + z * c3[:, None]))
+        qz = 0.5 * (z * z + eta * eta)
+        bad = jnp.maximum(bad, jnp.max(jnp.where(_finite(qz), 0, 1).astype(jnp.int32), axis=1))
+        term = half[:, None] * wt[None, :] * jnp.exp(-qz)
+        new = []
+        for k in range(order + 1):
+            new.append(acc[k] + jnp.sum(term, axis=1))
+            term = term * z
+        return tuple(new), bad
+
+    needs_gl = jnp.max(jnp.where(live & ~affine, 1, 0).astype(jnp.int32))
+    acc0 = tuple(zero for _ in range(order + 1))
+    gl, gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // _GL_CHUNK), gl_step,
+                                   (acc0, jnp.zeros(block_cells, jnp.int32)))
+
+    # affine closed form: q(z) = d1 (z - μ)²/2 + α²/(2 d1), then the upward recurrence
+    d0 = c0 * c1
+    d1 = 1.0 + c1 * c1
+    mu = -d0 / d1
+    s = jnp.sqrt(d1)
+    m0 = _SQRT_2PI / s * jnp.exp(-c0 * c0 / (2.0 * d1)) * _ndtr_diff(s * (lo - mu), s * (hi - mu))
+    lo_fin = _finite(lo)
+    hi_fin = _finite(hi)
+    zl = jnp.where(lo_fin, lo, zero)
+    zh = jnp.where(hi_fin, hi, zero)
+    q_lo = 0.5 * (zl * zl + (c0 + c1 * zl) * (c0 + c1 * zl))
+    q_hi = 0.5 * (zh * zh + (c0 + c1 * zh) * (c0 + c1 * zh))
+    af_bad = ~(_finite(q_lo) & _finite(q_hi))
+    e_lo = jnp.where(lo_fin, jnp.exp(-q_lo), zero)
+    e_hi = jnp.where(hi_fin, jnp.exp(-q_hi), zero)
+    af = [m0]
+    prev = zero
+    pow_lo = jnp.ones_like(zero)
+    pow_hi = jnp.ones_like(zero)
+    for n in range(order):
+        nxt = (n * prev - d0 * af[-1] - (pow_hi * e_hi - pow_lo * e_lo)) / d1
+        prev = af[-1]
+        af.append(nxt)
+        pow_lo = pow_lo * zl
+        pow_hi = pow_hi * zh
+
+    status = jnp.where(~finite_c, CellStatus.NON_FINITE_COEFFICIENT,
+                       jnp.where(invalid, CellStatus.INVALID_INTERVAL,
+                                 jnp.where(infinite & curved,
+                                           CellStatus.NON_AFFINE_INFINITE_INTERVAL,
+                                           jnp.where(jnp.where(affine, af_bad, gl_bad > 0),
+                                                     CellStatus.NON_FINITE_EVALUATION,
+                                                     CellStatus.OK)))).astype(jnp.int32)
+    ok = status == CellStatus.OK
+    cols = jnp.arange(next_pow2(order + 1))
+    out = jnp.zeros((block_cells, cols.shape[0]), zero.dtype)
+    for k in range(order + 1):
+        m_k = jnp.where(ok, jnp.where(affine, af[k], gl[k]), zero)
+        out = jnp.where(cols[None, :] == k, m_k[:, None], out)
+    plt.store(m_ref.at[cells[:, None], cols[None, :]], out,
+              mask=live[:, None] & (cols[None, :] <= order))
+    plt.store(status_ref.at[cells], status, mask=live)
+
+
+@functools.partial(jax.jit, static_argnames=("order", "interpret", "block_cells", "num_warps"))
+def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_cells: int = 32,
+                 num_warps: int = 4):
+    """Kernel twin of :func:`gpustat.reference.bms.cell_moments`."""
+    dtype = compute_dtype(c.dtype)
+    n_cells = c.shape[0]
+    nodes, weights = gauss_legendre()
+    kernel = functools.partial(_cell_moments_kernel, n_cells=n_cells, order=order,
+                               block_cells=block_cells)
+    return pallas_call(
+        kernel, interpret=interpret, num_warps=num_warps,
+        grid=(pl.cdiv(n_cells, block_cells),),
+        in_specs=[_ANY] * 5, out_specs=[_ANY, _ANY],
+        out_shape=[jax.ShapeDtypeStruct((n_cells, order + 1), dtype),
+                   jax.ShapeDtypeStruct((n_cells,), jnp.int32)],
+    )(lo.astype(dtype), hi.astype(dtype), c.astype(dtype), jnp.asarray(nodes, dtype),
+      jnp.asarray(weights, dtype))
+
+
+# ----------------------------------------------------------------------------- Stage 2
+
+
+def _row_derivatives_kernel(offsets_ref, c_ref, m_ref, cell_status_ref, jet_ref, jet_a_ref,
+                            jet_b_ref, mu1_ref, mu2_ref, e_obs_ref, chi_ref, xi_ref, rho_ref,
+                            tau_ref, r_uv_ref, y_ref, w_ref,
+                            neglog_ref, grad_ref, hess_ref, status_ref, *, n, r, block_rows):
+    rows = pl.program_id(0) * block_rows + jnp.arange(block_rows)
+    live = rows < n
+    start = _load(offsets_ref, rows, live, 0)
+    count = _load(offsets_ref, rows + 1, live, 0) - start
+    u = jnp.arange(next_pow2(r))
+    uu = u[None, :, None]
+    vv = u[None, None, :]
+    dtype = mu1_ref.dtype
+    vec = jnp.zeros((block_rows, u.shape[0]), dtype)
+    lane_r = u[None, :] < r
+    lane_b = (u[None, :] >= 1) & lane_r
+
+    def cell_step(k, carry):
+        first, d_a, d_b, quad, failed = carry
+        cell = start + k
+        valid = k < count
+        m = [_load(m_ref, (cell, j), valid) for j in range(STAGE2_ORDER + 1)]
+        c = [_load(c_ref, (cell, e), valid) for e in range(4)]
+        t = [KAPPA * (c[0] * m[n_] + c[1] * m[n_ + 1] + c[2] * m[n_ + 2] + c[3] * m[n_ + 3])
+             for n_ in range(7)]
+        mask = valid[:, None] & lane_r
+        mask_b = valid[:, None] & lane_b
+        jet = [_load(jet_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
+        jet_a = [_load(jet_a_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
+        jet_b = [_load(jet_b_ref, (cell[:, None], u[None, :] - 1, p), mask_b) for p in range(4)]
+        for p in range(4):
+            first = first + KAPPA * jet[p] * m[p][:, None]
+            d_a = d_a + KAPPA * jet_a[p] * m[p][:, None]
+            d_b = d_b + KAPPA * jet_b[p] * m[p][:, None]
+        # Σ_pq E_up E_vq T_{p+q} = Σ_q (EM)_uq E_vq with (EM)_uq = Σ_p E_up T_{p+q};
+        # accumulated as (EM)_uq E_vq + E_uq (EM)_vq, twice the (symmetric) form.
+        for q in range(4):
+            em = (jet[0] * t[q][:, None] + jet[1] * t[q + 1][:, None]
+                  + jet[2] * t[q + 2][:, None] + jet[3] * t[q + 3][:, None])
+            quad = quad + (em[:, :, None] * jet[q][:, None, :]
+                           + jet[q][:, :, None] * em[:, None, :])
+        failed = jnp.maximum(failed, _load(cell_status_ref, cell, valid, 0))
+        return first, d_a, d_b, quad, failed
+
+    quad0 = jnp.zeros((block_rows, u.shape[0], u.shape[0]), dtype)
+    first, d_a, d_b, quad, failed = jax.lax.fori_loop(
+        0, jnp.max(count), cell_step, (vec, vec, vec, quad0, jnp.zeros(block_rows, jnp.int32)))
+
+    # second[u, v] = D(U_uv) - Σ_pq E_up E_vq T_{p+q}; U has row/col 0 (a) and row/col 1 (b)
+    d_u = jnp.where(uu == 0, d_a[:, None, :], jnp.where(
+        vv == 0, d_a[:, :, None], jnp.where(uu == 1, d_b[:, None, :], jnp.where(
+            vv == 1, d_b[:, :, None], 0.0))))
+    second = d_u - 0.5 * quad
+    mu_1 = _load(mu1_ref, rows, live)
+    mu_2 = _load(mu2_ref, rows, live)
+    f_a = jnp.sum(jnp.where(u[None, :] == 0, first, 0.0), axis=1)
+    row_a = jnp.sum(jnp.where(uu == 0, second, 0.0), axis=1)       # second[0, v]
+    f_aa = jnp.sum(jnp.where(u[None, :] == 0, row_a, 0.0), axis=1)
+    # the q-row: F depends on q only through -μ(q)
+    f_u = jnp.where(u[None, :] == 0, -mu_1[:, None], first)
+    f_au = jnp.where(u[None, :] == 0, 0.0, row_a)
+    f_uv = jnp.where((uu == 0) | (vv == 0),
+                     jnp.where((uu == 0) & (vv == 0), -mu_2[:, None, None], 0.0), second)
+    inv = 1.0 / f_a
+    a_u = -f_u * inv[:, None]
+    outer_a = a_u[:, :, None] * a_u[:, None, :]
+    a_uv = -((f_uv + (f_au[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * f_au[:, None, :]))
+             + f_aa[:, None, None] * outer_a) * inv[:, None, None]
+
+    mask_r = live[:, None] & lane_r
+    mask_rr = live[:, None, None] & (uu < r) & (vv < r)
+    rho = _load(rho_ref, (rows[:, None], u[None, :]), mask_r)
+    tau = _load(tau_ref, (rows[:, None], u[None, :]), mask_r)
+    r_uv = _load(r_uv_ref, (rows[:, None, None], uu, vv), mask_rr)
+    chi = _load(chi_ref, rows, live)
+    xi = _load(xi_ref, rows, live)
+    e_u = chi[:, None] * a_u + rho
+    e_uv = (((chi[:, None, None] * a_uv + xi[:, None, None] * outer_a)
+             + (tau[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * tau[:, None, :])) + r_uv)
+
+    sign = 2.0 * _load(y_ref, rows, live) - 1.0
+    w = _load(w_ref, rows, live)
+    margin = sign * _load(e_obs_ref, rows, live)
+    log_cdf, mills = log_ndtr_and_mills(margin)
+    d_e = -w * sign * mills
+    d_ee = w * probit_curvature(margin)
+    neglog = -w * log_cdf
+    grad = d_e[:, None] * e_u
+    hess = d_ee[:, None, None] * (e_u[:, :, None] * e_u[:, None, :]) + d_e[:, None, None] * e_uv
+
+    degenerate = ~((f_a > 0) & (f_a < jnp.inf))
+    bad = jnp.maximum(jnp.max(jnp.where(_finite(grad), 0, 1), axis=1),
+                      jnp.max(jnp.max(jnp.where(_finite(hess), 0, 1), axis=2), axis=1))
+    bad = jnp.maximum(bad, jnp.where(_finite(neglog), 0, 1))
+    status = jnp.where(failed > 0, RowStatus.CELL_FAILED,
+                       jnp.where(degenerate, RowStatus.DEGENERATE_FA,
+                                 jnp.where(bad > 0, RowStatus.NON_FINITE_OUTPUT, RowStatus.OK)))
+    nan_row = (failed > 0) | degenerate
+    plt.store(neglog_ref.at[rows], jnp.where(nan_row, jnp.nan, neglog), mask=live)
+    plt.store(grad_ref.at[rows[:, None], u[None, :]],
+              jnp.where(nan_row[:, None], jnp.nan, grad), mask=mask_r)
+    # write the upper triangle to (u, v) and to (v, u): bitwise symmetric whatever the
+    # compiler contracts into FMAs above
+    hess = jnp.where(nan_row[:, None, None], jnp.nan, hess)
+    plt.store(hess_ref.at[rows[:, None, None], uu, vv], hess, mask=mask_rr & (uu <= vv))
+    plt.store(hess_ref.at[rows[:, None, None], vv, uu], hess, mask=mask_rr & (uu < vv))
+    plt.store(status_ref.at[rows], status.astype(jnp.int32), mask=live)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps"))
+def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, cell_jet_a,
+                    cell_jet_b, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w, *,
+                    interpret: bool = False, block_rows: int = 4, num_warps: int = 4):
+    """Kernel twin of :func:`gpustat.reference.bms.row_derivatives`."""
+    dtype = compute_dtype(mu_1.dtype)
+    n, r = rho.shape
+    floats = [cell_c, cell_moments, cell_jet, cell_jet_a, cell_jet_b, mu_1, mu_2, e_obs, chi, xi,
+              rho, tau, r_uv, y, w]
+    floats = [x.astype(dtype) for x in floats]
+    kernel = functools.partial(_row_derivatives_kernel, n=n, r=r, block_rows=block_rows)
+    return tuple(pallas_call(
+        kernel, interpret=interpret, num_warps=num_warps,
+        grid=(pl.cdiv(n, block_rows),),
+        in_specs=[_ANY] * 17, out_specs=[_ANY] * 4,
+        out_shape=[jax.ShapeDtypeStruct((n,), dtype), jax.ShapeDtypeStruct((n, r), dtype),
+                   jax.ShapeDtypeStruct((n, r, r), dtype), jax.ShapeDtypeStruct((n,), jnp.int32)],
+    )(cell_offsets.astype(jnp.int32), *floats[:2], cell_status.astype(jnp.int32), *floats[2:]))
+
+
+# ----------------------------------------------------------------------------- joint operators
+
+
+def _row_block(first_block, step, block_rows, n):
+    """Rows of block ``first_block + step`` (program_id must be read outside loop bodies)."""
+    rows = (first_block + step) * block_rows + jnp.arange(block_rows)
+    return rows, rows < n
+
+
+def _load_design(ref, rows, live, cols, width):
+    return _load(ref, (rows[:, None], cols[None, :]), live[:, None] & (cols[None, :] < width))
+
+
+def _joint_hvp_kernel(hess_ref, x_ref, g_ref, vm_ref, vg_ref, vr_ref, px_ref, pg_ref, pr_ref, *,
+                      n, r, p_m, p_g, n_rhs, block_rows, steps):
+    u = jnp.arange(next_pow2(r))
+    jm = jnp.arange(next_pow2(p_m))
+    jg = jnp.arange(next_pow2(p_g))
+    vm = [vm_ref[b, :] for b in range(n_rhs)]
+    vg = [vg_ref[b, :] for b in range(n_rhs)]
+    vr = [vr_ref[b, :] for b in range(n_rhs)]
+
+    first_block = pl.program_id(0) * steps
+
+    def step(s, carry):
+        acc_x, acc_g, acc_r = carry
+        rows, live = _row_block(first_block, s, block_rows, n)
+        h = _load(hess_ref, (rows[:, None, None], u[None, :, None], u[None, None, :]),
+                  live[:, None, None] & (u[None, :, None] < r) & (u[None, None, :] < r))
+        x = _load_design(x_ref, rows, live, jm, p_m)
+        g = _load_design(g_ref, rows, live, jg, p_g)
+        new_x, new_g, new_r = [], [], []
+        for b in range(n_rhs):
+            # d_i = J_i v: (x_i·v_m, g_i·v_g, v_h, v_w); t_i = H_i d_i; J_iᵀ t_i by blocks
+            d = jnp.where(u[None, :] == 0, jnp.sum(x * vm[b][None, :], axis=1)[:, None],
+                          jnp.where(u[None, :] == 1, jnp.sum(g * vg[b][None, :], axis=1)[:, None],
+                                    vr[b][None, :]))
+            t = jnp.sum(h * d[:, None, :], axis=2)
+            t0 = jnp.sum(jnp.where(u[None, :] == 0, t, 0.0), axis=1)
+            t1 = jnp.sum(jnp.where(u[None, :] == 1, t, 0.0), axis=1)
+            new_x.append(acc_x[b] + jnp.sum(t0[:, None] * x, axis=0))
+            new_g.append(acc_g[b] + jnp.sum(t1[:, None] * g, axis=0))
+            new_r.append(acc_r[b] + jnp.sum(t, axis=0))
+        return tuple(new_x), tuple(new_g), tuple(new_r)
+
+    dtype = vm_ref.dtype
+    init = (tuple(jnp.zeros(jm.shape, dtype) for _ in range(n_rhs)),
+            tuple(jnp.zeros(jg.shape, dtype) for _ in range(n_rhs)),
+            tuple(jnp.zeros(u.shape, dtype) for _ in range(n_rhs)))
+    acc_x, acc_g, acc_r = jax.lax.fori_loop(0, steps, step, init)
+    pid = pl.program_id(0)
+    for b in range(n_rhs):
+        px_ref[pid, b, :] = acc_x[b]
+        pg_ref[pid, b, :] = acc_g[b]
+        pr_ref[pid, b, :] = acc_r[b]
+
+
+def _grid(n, block_rows, target_programs):
+    """(programs, steps): each program streams ``steps`` blocks of ``block_rows`` rows."""
+    blocks = pl.cdiv(n, block_rows)
+    steps = max(1, pl.cdiv(blocks, target_programs))
+    return pl.cdiv(blocks, steps), steps
+
+
+def _pad_cols(v, width):
+    return jnp.pad(v, ((0, 0), (0, width - v.shape[1])))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps",
+                                             "target_programs"))
+def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 8, num_warps: int = 8,
+              target_programs: int = 1024):
+    """Kernel twin of :func:`gpustat.reference.bms.joint_hvp`: v (R, p_total) -> (R, p_total).
+
+    Up to :data:`MAX_RHS` directions share one pass over the row Hessians; more are
+    processed in consecutive launches of :data:`MAX_RHS`.
+    """
+    dtype = compute_dtype(hess.dtype)
+    n, r, _ = hess.shape
+    p_m, p_g = x.shape[1], g.shape[1]
+    programs, steps = _grid(n, block_rows, target_programs)
+    rp, pm, pg = next_pow2(r), next_pow2(p_m), next_pow2(p_g)
+    outs = []
+    for lo in range(0, v.shape[0], MAX_RHS):
+        vb = v[lo:lo + MAX_RHS].astype(dtype)
+        n_rhs = vb.shape[0]
+        vm = _pad_cols(vb[:, :p_m], pm)
+        vg = _pad_cols(vb[:, p_m:p_m + p_g], pg)
+        # v_h, v_w shifted into the row coordinates 2..r-1
+        vr = _pad_cols(jnp.pad(vb[:, p_m + p_g:], ((0, 0), (2, 0))), rp)
+        kernel = functools.partial(_joint_hvp_kernel, n=n, r=r, p_m=p_m, p_g=p_g, n_rhs=n_rhs,
+                                   block_rows=block_rows, steps=steps)
+        px, pg_, pr = pallas_call(
+            kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
+            in_specs=[_ANY] * 6, out_specs=[_ANY] * 3,
+            out_shape=[jax.ShapeDtypeStruct((programs, n_rhs, pm), dtype),
+                       jax.ShapeDtypeStruct((programs, n_rhs, pg), dtype),
+                       jax.ShapeDtypeStruct((programs, n_rhs, rp), dtype)],
+        )(hess.astype(dtype), x.astype(dtype), g.astype(dtype), vm, vg, vr)
+        outs.append(jnp.concatenate([px.sum(0)[:, :p_m], pg_.sum(0)[:, :p_g],
+                                     pr.sum(0)[:, 2:r]], axis=1))
+    return jnp.concatenate(outs, axis=0)
+
+
+def _joint_diagonal_kernel(hess_ref, x_ref, g_ref, px_ref, pg_ref, pr_ref, *, n, r, p_m, p_g,
+                           block_rows, steps):
+    u = jnp.arange(next_pow2(r))
+    jm = jnp.arange(next_pow2(p_m))
+    jg = jnp.arange(next_pow2(p_g))
+
+    first_block = pl.program_id(0) * steps
+
+    def step(s, carry):
+        acc_x, acc_g, acc_r = carry
+        rows, live = _row_block(first_block, s, block_rows, n)
+        diag = _load(hess_ref, (rows[:, None], u[None, :], u[None, :]),
+                     live[:, None] & (u[None, :] < r))
+        x = _load_design(x_ref, rows, live, jm, p_m)
+        g = _load_design(g_ref, rows, live, jg, p_g)
+        h00 = jnp.sum(jnp.where(u[None, :] == 0, diag, 0.0), axis=1)
+        h11 = jnp.sum(jnp.where(u[None, :] == 1, diag, 0.0), axis=1)
+        return (acc_x + jnp.sum(h00[:, None] * x * x, axis=0),
+                acc_g + jnp.sum(h11[:, None] * g * g, axis=0),
+                acc_r + jnp.sum(diag, axis=0))
+
+    dtype = px_ref.dtype
+    acc_x, acc_g, acc_r = jax.lax.fori_loop(
+        0, steps, step, (jnp.zeros(jm.shape, dtype), jnp.zeros(jg.shape, dtype),
+                         jnp.zeros(u.shape, dtype)))
+    pid = pl.program_id(0)
+    px_ref[pid, :] = acc_x
+    pg_ref[pid, :] = acc_g
+    pr_ref[pid, :] = acc_r
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps",
+                                             "target_programs"))
+def joint_diagonal(hess, x, g, *, interpret: bool = False, block_rows: int = 16,
+                   num_warps: int = 4, target_programs: int = 1024):
+    """Kernel twin of :func:`gpustat.reference.bms.joint_diagonal`."""
+    dtype = compute_dtype(hess.dtype)
+    n, r, _ = hess.shape
+    p_m, p_g = x.shape[1], g.shape[1]
+    programs, steps = _grid(n, block_rows, target_programs)
+    kernel = functools.partial(_joint_diagonal_kernel, n=n, r=r, p_m=p_m, p_g=p_g,
+                               block_rows=block_rows, steps=steps)
+    px, pg, pr = pallas_call(
+        kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
+        in_specs=[_ANY] * 3, out_specs=[_ANY] * 3,
+        out_shape=[jax.ShapeDtypeStruct((programs, next_pow2(p_m)), dtype),
+                   jax.ShapeDtypeStruct((programs, next_pow2(p_g)), dtype),
+                   jax.ShapeDtypeStruct((programs, next_pow2(r)), dtype)],
+    )(hess.astype(dtype), x.astype(dtype), g.astype(dtype))
+    return jnp.concatenate([px.sum(0)[:p_m], pg.sum(0)[:p_g], pr.sum(0)[2:r]])
+
+
+def _joint_dense_kernel(hess_ref, x_ref, g_ref, zz_ref, zr_ref, rr_ref, *, n, r, p_m, p_g,
+                        block_rows, steps):
+    u = jnp.arange(next_pow2(r))
+    jz = jnp.arange(next_pow2(p_m + p_g))
+    uu = u[None, :, None]
+    vv = u[None, None, :]
+
+    first_block = pl.program_id(0) * steps
+
+    def step(s, carry):
+        zz, zr, rr = carry
+        rows, live = _row_block(first_block, s, block_rows, n)
+        h = _load(hess_ref, (rows[:, None, None], uu, vv),
+                  live[:, None, None] & (uu < r) & (vv < r))
+        # the (x, g) coordinates of a row in one vector: x at 0..p_m-1, g at p_m..p_m+p_g-1
+        xz = _load(x_ref, (rows[:, None], jz[None, :]), live[:, None] & (jz[None, :] < p_m))
+        gz = _load(g_ref, (rows[:, None], jz[None, :] - p_m),
+                   live[:, None] & (jz[None, :] >= p_m) & (jz[None, :] < p_m + p_g))
+        row0 = jnp.sum(jnp.where(uu == 0, h, 0.0), axis=1)           # H_i[0, :]
+        row1 = jnp.sum(jnp.where(uu == 1, h, 0.0), axis=1)           # H_i[1, :]
+        h00 = jnp.sum(jnp.where(u[None, :] == 0, row0, 0.0), axis=1)
+        h01 = jnp.sum(jnp.where(u[None, :] == 1, row0, 0.0), axis=1)
+        h11 = jnp.sum(jnp.where(u[None, :] == 1, row1, 0.0), axis=1)
+        p1 = h00[:, None] * xz + h01[:, None] * gz
+        p2 = h01[:, None] * xz + h11[:, None] * gz
+        zz = zz + jnp.sum(p1[:, :, None] * xz[:, None, :] + p2[:, :, None] * gz[:, None, :], axis=0)
+        zr = zr + jnp.sum(xz[:, :, None] * row0[:, None, :] + gz[:, :, None] * row1[:, None, :],
+                          axis=0)
+        return zz, zr, rr + jnp.sum(h, axis=0)
+
+    dtype = zz_ref.dtype
+    pz, rp = jz.shape[0], u.shape[0]
+    init = (jnp.zeros((pz, pz), dtype), jnp.zeros((pz, rp), dtype), jnp.zeros((rp, rp), dtype))
+    zz, zr, rr = jax.lax.fori_loop(0, steps, step, init)
+    pid = pl.program_id(0)
+    zz_ref[pid, :, :] = zz
+    zr_ref[pid, :, :] = zr
+    rr_ref[pid, :, :] = rr
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps",
+                                             "target_programs"))
+def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 8, num_warps: int = 8,
+                target_programs: int = 512):
+    """Kernel twin of :func:`gpustat.reference.bms.joint_dense`: (p_total, p_total)."""
+    dtype = compute_dtype(hess.dtype)
+    n, r, _ = hess.shape
+    p_m, p_g = x.shape[1], g.shape[1]
+    p_z = p_m + p_g
+    programs, steps = _grid(n, block_rows, target_programs)
+    rp, pz = next_pow2(r), next_pow2(p_z)
+    kernel = functools.partial(_joint_dense_kernel, n=n, r=r, p_m=p_m, p_g=p_g,
+                               block_rows=block_rows, steps=steps)
+    zz, zr, rr = pallas_call(
+        kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
+        in_specs=[_ANY] * 3, out_specs=[_ANY] * 3,
+        out_shape=[jax.ShapeDtypeStruct((programs, pz, pz), dtype),
+                   jax.ShapeDtypeStruct((programs, pz, rp), dtype),
+                   jax.ShapeDtypeStruct((programs, rp, rp), dtype)],
+    )(hess.astype(dtype), x.astype(dtype), g.astype(dtype))
+    zz = zz.sum(0)[:p_z, :p_z]
+    zr = zr.sum(0)[:p_z, 2:r]
+    rr = rr.sum(0)[2:r, 2:r]
+    return jnp.block([[zz, zr], [zr.T, rr]])
+
+
+# ----------------------------------------------------------------------------- lowering cases
+
+
+def _register_lowering_cases() -> None:
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    n, n_cells, r, p_m, p_g = 5, 23, 20, 14, 12
+    for dtype in (jnp.float32, jnp.float64):
+        name = jnp.dtype(dtype).name
+        register_lowering_case(
+            "bms", f"cell_moments_{name}", cell_moments,
+            [sds((n_cells,), dtype), sds((n_cells,), dtype), sds((n_cells, 4), dtype)])
+        register_lowering_case(
+            "bms", f"row_derivatives_{name}", row_derivatives,
+            [sds((n + 1,), jnp.int32), sds((n_cells, 4), dtype), sds((n_cells, 10), dtype),
+             sds((n_cells,), jnp.int32), sds((n_cells, r, 4), dtype), sds((n_cells, r, 4), dtype),
+             sds((n_cells, r - 1, 4), dtype)] + [sds((n,), dtype)] * 5
+            + [sds((n, r), dtype)] * 2 + [sds((n, r, r), dtype)] + [sds((n,), dtype)] * 2)
+        design = [sds((n, r, r), dtype), sds((n, p_m), dtype), sds((n, p_g), dtype)]
+        p_total = p_m + p_g + r - 2
+        register_lowering_case("bms", f"joint_hvp_{name}", joint_hvp,
+                               [*design, sds((MAX_RHS, p_total), dtype)])
+        register_lowering_case("bms", f"joint_diagonal_{name}", joint_diagonal, design)
+        register_lowering_case("bms", f"joint_dense_{name}", joint_dense, design)
+
+
+_register_lowering_cases()
