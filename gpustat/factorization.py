@@ -1,0 +1,259 @@
+r"""Factorization machine scores (FM, FFM, FwFM) on CSR or dense rows, differentiable.
+
+For a row with nonzeros :math:`x_i` (feature :math:`i`, field :math:`f(i)`):
+
+* FM (Rendle, "Factorization Machines", ICDM 2010):
+  :math:`s = w_0 + \sum_i w_i x_i + \sum_{i<j} \langle v_i, v_j\rangle x_i x_j`,
+  computed as :math:`\tfrac12 \sum_t [(\sum_i V_{it} x_i)^2 - \sum_i V_{it}^2 x_i^2]`.
+* FFM (Juan, Zhuang, Chin, Lin, "Field-aware Factorization Machines for CTR
+  Prediction", RecSys 2016): :math:`s = w_0 + \sum_i w_i x_i + \sum_{i<j}
+  \langle V_{i, f(j)}, V_{j, f(i)}\rangle x_i x_j` (bias and linear term kept,
+  same-field pairs included).
+* FwFM (Pan et al., "Field-weighted Factorization Machines for Click-Through
+  Rate Prediction in Display Advertising", WWW 2018): :math:`s = w_0 + \sum_i w_i x_i
+  + \sum_{i<j} r_{f(i) f(j)} \langle v_i, v_j\rangle x_i x_j` with
+  :math:`r_{ab} = R_{\min(a,b),\max(a,b)}` (upper triangle of ``R`` read).
+
+An empty row scores ``w0``; exact zeros are skipped (dense input behaves like
+CSR input). Parameters with a leading class axis ``c`` give ``(n, c)`` logits.
+
+**Gradients** (what training calls): every ``*_predict`` is differentiable with
+``jax.grad``/``jax.vjp`` with respect to ``w0, w, V, R`` and the values of ``X``
+through a custom VJP (:func:`gpustat.factorization_grad.scores_with_vjp`) whose
+backward is the closed form of the scores, never autodiff through a kernel. To
+differentiate with respect to a CSR's values use ``X.with_data(d)``.
+
+**Validation**: shapes and dtypes are checked at trace time; value checks
+(``field_ids`` in range, finite parameters and dense ``X``) run only on
+concrete arrays and are skipped for tracers inside ``jax.jit``. A :class:`CSR`
+is validated once, when it is built.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from gpustat._backend import resolve_backend
+from gpustat.csr import CSR, dense_as_csr
+from gpustat.factorization_grad import scores_with_vjp
+from gpustat.pallas import factorization as kernels
+from gpustat.reference import factorization as reference
+
+__all__ = ["CSR", "ffm_predict", "fm_predict", "fwfm_predict"]
+
+
+# -- forward functions (stable identities: they are static arguments of the custom VJP) ------
+
+def _reference_forward(model: str):
+    def forward(X, field_ids, w0, w, V, R):
+        if model == "fm":
+            return reference.fm_scores(X, w0, w, V)
+        if model == "ffm":
+            return reference.ffm_scores(X, field_ids, w0, w, V)
+        return reference.fwfm_scores(X, field_ids, w0, w, V, R)
+    return forward
+
+
+def _kernel_forward(model: str, interpret: bool):
+    def forward(X, field_ids, w0, w, V, R):
+        if model == "fm":
+            return kernels.fm_scores(X, w0, w, V, interpret=interpret)
+        if model == "ffm":
+            return kernels.ffm_scores(X, field_ids, w0, w, V, interpret=interpret)
+        return kernels.fwfm_scores(X, field_ids, w0, w, V, R, interpret=interpret)
+    return forward
+
+
+@functools.cache
+def _forward(model: str, backend: str):
+    if backend == "reference":
+        return _reference_forward(model)
+    return _kernel_forward(model, interpret=backend == "interpret")
+
+
+# -- validation ------------------------------------------------------------------------------
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _as_rows(op: str, X) -> CSR:
+    """A CSR (as given, converted from scipy, or a view of a dense array)."""
+    if isinstance(X, CSR):
+        return X
+    try:
+        import scipy.sparse as sp
+
+        if sp.issparse(X):
+            return CSR.from_scipy(X)
+    except ImportError:  # pragma: no cover - scipy is a dependency
+        pass
+    x = X if isinstance(X, jax.Array) else jnp.asarray(X)
+    if x.ndim != 2:
+        raise ValueError(f"{op}: X must be a CSR or a 2-D (n, p) array, got {x.shape=}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{op}: X must hold floating values, got {x.dtype=}")
+    if _is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError(f"{op}: X must be finite; it holds NaN or inf")
+    return dense_as_csr(x)
+
+
+def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
+    """Shapes/dtypes of the parameters; returns (params as arrays, n_classes or None)."""
+    w = jnp.asarray(w)
+    if w.ndim not in (1, 2):
+        raise ValueError(f"{op}: w must be (p,) or, multiclass, (c, p), got {w.shape=}")
+    classes = w.shape[:-1]
+    w0 = jnp.asarray(w0)
+    V = jnp.asarray(V)
+    R = None if R is None else jnp.asarray(R)
+    v_tail = "p, f, k" if model == "ffm" else "p, k"
+    v_ndim = len(classes) + (3 if model == "ffm" else 2)
+    lead = f"{classes[0]}, " if classes else ""
+    if w0.shape != classes:
+        raise ValueError(f"{op}: w0 must have shape {classes} to match w, got {w0.shape=}")
+    if w.shape[-1] != p:
+        raise ValueError(f"{op}: w must have p={p} entries (X has {p} columns), got {w.shape=}")
+    if V.ndim != v_ndim or V.shape[: len(classes)] != classes or V.shape[len(classes)] != p:
+        raise ValueError(f"{op}: V must have shape ({lead}{v_tail}) with p={p}, got {V.shape=}")
+    if model == "fwfm":
+        f = R.shape[-1] if R.ndim else 0
+        if R.shape != (*classes, f, f):
+            raise ValueError(f"{op}: R must have shape ({lead}f, f), got {R.shape=}")
+    for name, value in (("w0", w0), ("w", w), ("V", V), ("R", R)):
+        if value is not None and not jnp.issubdtype(value.dtype, jnp.floating):
+            raise TypeError(f"{op}: {name} must be floating, got {name}.dtype={value.dtype}")
+        if value is not None and _is_concrete(value) and not bool(jnp.all(jnp.isfinite(value))):
+            raise ValueError(f"{op}: {name} must be finite; it holds NaN or inf")
+    if model != "fm":
+        field_ids = _check_field_ids(op, field_ids, p, V.shape[-2] if model == "ffm"
+                                     else R.shape[-1])
+    return (field_ids, w0, w, V, R), (classes[0] if classes else None)
+
+
+def _check_field_ids(op: str, field_ids, p: int, n_fields: int):
+    field_ids = jnp.asarray(field_ids)
+    if field_ids.shape != (p,):
+        raise ValueError(f"{op}: field_ids must have shape (p,) = ({p},), got {field_ids.shape=}")
+    if not jnp.issubdtype(field_ids.dtype, jnp.integer):
+        raise TypeError(f"{op}: field_ids must hold integers, got {field_ids.dtype=}")
+    if _is_concrete(field_ids) and p:
+        ids = np.asarray(field_ids)
+        if ids.min() < 0 or ids.max() >= n_fields:
+            bad = int(np.argmax((ids < 0) | (ids >= n_fields)))
+            raise ValueError(f"{op}: field_ids must lie in [0, f={n_fields}) (f from the "
+                             f"parameters), got field_ids[{bad}]={ids[bad]}")
+    return field_ids.astype(jnp.int32)
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
+    rows = _as_rows(op, X)
+    params, n_classes = _check_params(op, model, rows.shape[1], field_ids, w0, w, V, R)
+    field_ids, w0, w, V, R = params
+    path = resolve_backend(backend, op=op)
+    forward = _forward(model, path)
+
+    def one_class(w0, w, V, R):
+        return scores_with_vjp(model, forward, rows, field_ids, w0, w, V, R)
+
+    if n_classes is None:
+        return one_class(w0, w, V, R)
+    in_axes = (0, 0, 0, None if R is None else 0)
+    return jax.vmap(one_class, in_axes=in_axes)(w0, w, V, R).T
+
+
+def fm_predict(X: CSR | Float[Array, "n p"], w0: Float[Array, ""] | Float[Array, " c"],
+               w: Float[Array, " p"] | Float[Array, "c p"],
+               V: Float[Array, "p k"] | Float[Array, "c p k"], *,
+               backend: str = "auto") -> Float[Array, " n"] | Float[Array, "n c"]:
+    """Factorization machine scores of the rows of ``X``.
+
+    Args:
+        X: ``(n, p)`` rows: a :class:`CSR`, a scipy sparse matrix (converted) or
+            a dense floating array (exact zeros skipped). Any float dtype.
+        w0: bias, ``()``; multiclass ``(c,)``.
+        w: linear weights ``(p,)``; multiclass ``(c, p)``.
+        V: factors ``(p, k)``; multiclass ``(c, p, k)``.
+        backend: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+
+    Returns:
+        Scores ``(n,)`` (multiclass: logits ``(n, c)``) in float64 if any input is
+        float64, else float32 (16-bit inputs compute in float32).
+
+    Raises:
+        ValueError: parameter shapes that do not match ``X`` or each other,
+            non-finite values, an unknown backend.
+        TypeError: non-floating ``X`` or parameters.
+    """
+    return _predict("fm_predict", "fm", X, None, w0, w, V, None, backend)
+
+
+def ffm_predict(X: CSR | Float[Array, "n p"], field_ids: Int[Array, " p"],
+                w0: Float[Array, ""] | Float[Array, " c"],
+                w: Float[Array, " p"] | Float[Array, "c p"],
+                V: Float[Array, "p f k"] | Float[Array, "c p f k"], *,
+                backend: str = "auto") -> Float[Array, " n"] | Float[Array, "n c"]:
+    """Field-aware factorization machine scores of the rows of ``X``.
+
+    Every pair ``i < j`` of a row's nonzeros contributes
+    ``<V[i, field_ids[j]], V[j, field_ids[i]]> x_i x_j`` (same-field pairs too).
+
+    Args:
+        X: ``(n, p)`` rows: a :class:`CSR`, a scipy sparse matrix or a dense array.
+        field_ids: ``(p,)`` integer field of each feature, in ``[0, f)``.
+        w0: bias, ``()``; multiclass ``(c,)``.
+        w: linear weights ``(p,)``; multiclass ``(c, p)``.
+        V: field-aware factors ``(p, f, k)``; multiclass ``(c, p, f, k)``.
+        backend: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+
+    Returns:
+        Scores ``(n,)`` (multiclass ``(n, c)``), float64 if any input is float64
+        else float32.
+
+    Raises:
+        ValueError: mismatched shapes, ``field_ids`` outside ``[0, f)`` (concrete
+            input), non-finite values, an unknown backend.
+        TypeError: non-floating ``X``/parameters or non-integer ``field_ids``.
+    """
+    return _predict("ffm_predict", "ffm", X, field_ids, w0, w, V, None, backend)
+
+
+def fwfm_predict(X: CSR | Float[Array, "n p"], field_ids: Int[Array, " p"],
+                 w0: Float[Array, ""] | Float[Array, " c"],
+                 w: Float[Array, " p"] | Float[Array, "c p"],
+                 V: Float[Array, "p k"] | Float[Array, "c p k"],
+                 R: Float[Array, "f f"] | Float[Array, "c f f"], *,
+                 backend: str = "auto") -> Float[Array, " n"] | Float[Array, "n c"]:
+    """Field-weighted factorization machine scores of the rows of ``X``.
+
+    Every pair ``i < j`` contributes ``r * <V[i], V[j]> x_i x_j`` with
+    ``r = R[min(a, b), max(a, b)]`` for the fields ``a, b`` of the pair: only the
+    upper triangle of ``R`` (diagonal included) is read, and its gradient is zero
+    below the diagonal. ``R = 1`` everywhere gives the FM with the same ``V``.
+
+    Args:
+        X: ``(n, p)`` rows: a :class:`CSR`, a scipy sparse matrix or a dense array.
+        field_ids: ``(p,)`` integer field of each feature, in ``[0, f)``.
+        w0: bias, ``()``; multiclass ``(c,)``.
+        w: linear weights ``(p,)``; multiclass ``(c, p)``.
+        V: factors ``(p, k)``; multiclass ``(c, p, k)``.
+        R: field-pair weights ``(f, f)``; multiclass ``(c, f, f)``.
+        backend: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+
+    Returns:
+        Scores ``(n,)`` (multiclass ``(n, c)``), float64 if any input is float64
+        else float32.
+
+    Raises:
+        ValueError: mismatched shapes, ``field_ids`` outside ``[0, f)`` (concrete
+            input), non-finite values, an unknown backend.
+        TypeError: non-floating ``X``/parameters or non-integer ``field_ids``.
+    """
+    return _predict("fwfm_predict", "fwfm", X, field_ids, w0, w, V, R, backend)

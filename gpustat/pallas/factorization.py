@@ -1,0 +1,259 @@
+"""Pallas-Triton kernels for FM / FFM / FwFM scores of CSR rows.
+
+One ``pallas_call`` per row bucket of the :class:`~gpustat.csr.CSR` (rows of
+length in ``(width/2, width]``); each program scores ``block_rows`` rows and
+reads their nonzeros straight from ``X.indices``/``X.data`` through
+``X.indptr`` (no padded copy of the matrix is ever made). Tiling:
+
+* a row's nonzeros are visited in chunks of ``block_w`` positions (masked past
+  the row's end), so any row length works with a fixed register footprint;
+* FM keeps ``q = sum_i v_i x_i`` (``block_rows x k``), the linear term and the
+  sum of squares in registers across chunks: O(|Z| k) per row;
+* FFM / FwFM loop over the left element ``i`` of each pair (up to the longest
+  row of the block) against a chunk of right elements ``j > i`` held in
+  registers: the ``(rows, pairs, k)`` tensor is never materialised; parameter
+  vectors are gathered from global memory (L1/L2 serve the repeats).
+
+Entries with ``x == 0`` (padding and explicit zeros) are masked out of every
+gather, so their parameters are never read. Accumulation is in the compute
+dtype (float64 stays float64; float32 and 16-bit inputs accumulate in float32),
+elementwise (no ``jnp.dot``, so no TF32). The bias ``w0`` is added by the caller.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from gpustat.csr import CSR
+from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat.reference.factorization import assemble_scores, score_dtype
+
+__all__ = ["ffm_scores", "fm_scores", "fwfm_scores", "kernel_settings"]
+
+_MODELS = ("fm", "ffm", "fwfm")
+
+
+def kernel_settings(model: str, width: int, k: int) -> dict:
+    """Default ``block_rows``, ``block_w``, ``num_warps`` for a bucket (tuned on an H100).
+
+    The register tile is ``block_rows x block_w x next_pow2(k)``; it is held near
+    2048 elements (16 per thread at 4 warps) for FM and 1024 for the pair loops,
+    which hold two such tiles.
+    """
+    kp = next_pow2(k)
+    block_w = min(width, 32)
+    budget = 2048 if model == "fm" else 1024
+    block_rows = max(1, min(64, budget // (block_w * kp)))
+    return {"block_rows": block_rows, "block_w": block_w, "num_warps": 4}
+
+
+def _row_extents(rows_ref, indptr_ref, n_rows):
+    """(start, end) offsets of the block's rows; padded row ids (>= n_rows) are empty."""
+    rows = rows_ref[...]
+    real = rows < n_rows
+    start = plt.load(indptr_ref.at[rows], mask=real, other=0)
+    end = plt.load(indptr_ref.at[rows + 1], mask=real, other=0)
+    return start, end
+
+
+def _load_chunk(indices_ref, data_ref, start, end, offset, block_w, acc_dtype):
+    """Positions ``offset + [0, block_w)`` of each row: (feature ids, values); x = 0 if past end."""
+    pos = start[:, None] + offset + jnp.arange(block_w, dtype=start.dtype)[None, :]
+    inside = pos < end[:, None]
+    cols = plt.load(indices_ref.at[pos], mask=inside, other=0)
+    x = plt.load(data_ref.at[pos], mask=inside, other=0).astype(acc_dtype)
+    return cols, x
+
+
+def _load_position(indices_ref, data_ref, start, end, i, acc_dtype):
+    """Element ``i`` of each row: (feature id, value) of shape (block_rows,); x = 0 if past end."""
+    pos = start + i
+    inside = pos < end
+    col = plt.load(indices_ref.at[pos], mask=inside, other=0)
+    x = plt.load(data_ref.at[pos], mask=inside, other=0).astype(acc_dtype)
+    return col, x
+
+
+def _fm_kernel(rows_ref, indptr_ref, indices_ref, data_ref, w_ref, V_ref, out_ref, *,
+               n_rows, width, block_w, k):
+    acc_dtype = out_ref.dtype
+    kp = next_pow2(k)
+    t = jnp.arange(kp)
+    start, end = _row_extents(rows_ref, indptr_ref, n_rows)
+    block_rows = start.shape[0]
+
+    def chunk(c, carry):
+        linear, q, squares = carry
+        cols, x = _load_chunk(indices_ref, data_ref, start, end, c * block_w, block_w, acc_dtype)
+        nonzero = x != 0
+        w = plt.load(w_ref.at[cols], mask=nonzero, other=0)
+        v = plt.load(V_ref.at[cols[:, :, None] * k + t], mask=nonzero[:, :, None] & (t < k),
+                     other=0)
+        vx = v * x[:, :, None]
+        return (linear + jnp.sum(w * x, axis=1), q + jnp.sum(vx, axis=1),
+                squares + jnp.sum(jnp.sum(vx * vx, axis=2), axis=1))
+
+    zeros = jnp.zeros((block_rows,), acc_dtype)
+    linear, q, squares = jax.lax.fori_loop(
+        0, width // block_w, chunk, (zeros, jnp.zeros((block_rows, kp), acc_dtype), zeros))
+    out_ref[...] = linear + 0.5 * (jnp.sum(q * q, axis=1) - squares)
+
+
+def _pair_kernel(rows_ref, indptr_ref, indices_ref, data_ref, fields_ref, w_ref, V_ref, *rest,
+                 model, n_rows, width, block_w, k, n_fields):
+    """FFM (``rest = (out_ref,)``) or FwFM (``rest = (R_ref, out_ref)``) scores."""
+    out_ref = rest[-1]
+    acc_dtype = out_ref.dtype
+    kp = next_pow2(k)
+    t = jnp.arange(kp)
+    k_mask = t < k
+    start, end = _row_extents(rows_ref, indptr_ref, n_rows)
+    block_rows = start.shape[0]
+    longest = jnp.max(end - start)  # pairs loop only as far as the block's longest row
+
+    def chunk(c, acc):
+        cols_j, x_j = _load_chunk(indices_ref, data_ref, start, end, c * block_w, block_w,
+                                  acc_dtype)
+        j = c * block_w + jnp.arange(block_w)
+        nonzero_j = x_j != 0
+        fields_j = plt.load(fields_ref.at[cols_j], mask=nonzero_j, other=0)
+        w = plt.load(w_ref.at[cols_j], mask=nonzero_j, other=0)
+        acc = acc + jnp.sum(w * x_j, axis=1)
+        if model == "fwfm":
+            v_j = plt.load(V_ref.at[cols_j[:, :, None] * k + t],
+                           mask=nonzero_j[:, :, None] & k_mask, other=0)
+
+        def left(i, acc):
+            col_i, x_i = _load_position(indices_ref, data_ref, start, end, i, acc_dtype)
+            pair = (x_i != 0)[:, None] & nonzero_j & (j > i)[None, :]
+            field_i = plt.load(fields_ref.at[col_i], mask=x_i != 0, other=0)
+            if model == "ffm":
+                # <V[c_i, f(c_j)], V[c_j, f(c_i)]> for every j of the chunk
+                slot_i = (col_i[:, None] * n_fields + fields_j) * k
+                slot_j = (cols_j * n_fields + field_i[:, None]) * k
+                mask = pair[:, :, None] & k_mask
+                a = plt.load(V_ref.at[slot_i[:, :, None] + t], mask=mask, other=0)
+                b = plt.load(V_ref.at[slot_j[:, :, None] + t], mask=mask, other=0)
+                weight = jnp.sum(a * b, axis=2)
+            else:
+                R_ref = rest[0]
+                v_i = plt.load(V_ref.at[col_i[:, None] * k + t],
+                               mask=(x_i != 0)[:, None] & k_mask, other=0)
+                lo = jnp.minimum(field_i[:, None], fields_j)
+                hi = jnp.maximum(field_i[:, None], fields_j)
+                r = plt.load(R_ref.at[lo * n_fields + hi], mask=pair, other=0)
+                weight = r * jnp.sum(v_i[:, None, :] * v_j, axis=2)
+            return acc + x_i * jnp.sum(jnp.where(pair, weight * x_j, 0), axis=1)
+
+        # left elements i < j only: i runs up to the chunk's end or the longest row
+        return jax.lax.fori_loop(0, jnp.minimum(longest, (c + 1) * block_w), left, acc)
+
+    out_ref[...] = jax.lax.fori_loop(0, width // block_w, chunk,
+                                     jnp.zeros((block_rows,), acc_dtype))
+
+
+def _bucket_call(model: str, X: CSR, rows, width: int, params: tuple, acc_dtype, *,
+                 interpret: bool, k: int, n_fields: int, block_rows: int | None,
+                 block_w: int | None, num_warps: int | None):
+    """Scores of one bucket's rows (padded to a multiple of ``block_rows``)."""
+    settings = kernel_settings(model, width, k)
+    block_rows = block_rows or settings["block_rows"]
+    block_w = min(block_w or settings["block_w"], width)
+    num_warps = num_warps or settings["num_warps"]
+    n_rows = X.shape[0]
+    n_blocks = -(-rows.shape[0] // block_rows)
+    # padded row ids point past the last row: the kernel treats them as empty
+    rows = jnp.pad(rows, (0, n_blocks * block_rows - rows.shape[0]), constant_values=n_rows)
+    statics = dict(n_rows=n_rows, width=width, block_w=block_w, k=k)
+    if model == "fm":
+        kernel = functools.partial(_fm_kernel, **statics)
+    else:
+        kernel = functools.partial(_pair_kernel, model=model, n_fields=n_fields, **statics)
+    inputs = (rows, X.indptr, X.indices, X.data, *params)
+    call = pallas_call(
+        kernel,
+        interpret=interpret,
+        num_warps=num_warps,
+        grid=(n_blocks,),
+        # the row-id block is tiled; everything else is gathered from whole arrays
+        in_specs=[pl.BlockSpec((block_rows,), lambda b: (b,))]
+        + [pl.no_block_spec] * (len(inputs) - 1),
+        out_specs=pl.BlockSpec((block_rows,), lambda b: (b,)),
+        out_shape=jax.ShapeDtypeStruct(rows.shape, acc_dtype),
+    )
+    return call(*inputs)
+
+
+def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
+            block_rows: int | None = None, block_w: int | None = None,
+            num_warps: int | None = None):
+    dtype = score_dtype(*(a for a in (X.data, w0, w, V, R) if a is not None))
+    k = V.shape[-1]
+    n_fields = 0 if model == "fm" else (V.shape[1] if model == "ffm" else R.shape[0])
+    # parameters in the compute dtype, flattened so kernels gather by flat offset
+    params = (w.astype(dtype), V.astype(dtype).reshape(-1))
+    if model != "fm":
+        params = (field_ids.astype(jnp.int32), *params)
+    if model == "fwfm":
+        params = (*params, R.astype(dtype).reshape(-1))
+    per_bucket = [
+        _bucket_call(model, X, rows, width, params, dtype, interpret=interpret, k=k,
+                     n_fields=n_fields, block_rows=block_rows, block_w=block_w,
+                     num_warps=num_warps) + jnp.asarray(w0, dtype)
+        for rows, width in zip(X.bucket_rows, X.buckets.widths, strict=True)
+    ]
+    return assemble_scores(X, jnp.asarray(w0, dtype), per_bucket)
+
+
+def fm_scores(X: CSR, w0, w, V, *, interpret: bool = False, **settings):
+    """FM scores (n,) by the Pallas kernel; same meaning as the reference ``fm_scores``."""
+    return _scores("fm", X, None, w0, w, V, None, interpret=interpret, **settings)
+
+
+def ffm_scores(X: CSR, field_ids, w0, w, V, *, interpret: bool = False, **settings):
+    """FFM scores (n,) by the Pallas kernel; ``V`` is ``(p, F, k)``."""
+    return _scores("ffm", X, field_ids, w0, w, V, None, interpret=interpret, **settings)
+
+
+def fwfm_scores(X: CSR, field_ids, w0, w, V, R, *, interpret: bool = False, **settings):
+    """FwFM scores (n,) by the Pallas kernel; ``R`` is ``(F, F)``, upper triangle read."""
+    return _scores("fwfm", X, field_ids, w0, w, V, R, interpret=interpret, **settings)
+
+
+def _register_lowering_cases() -> None:
+    """One case per model and dtype: 100 rows of up to 64 nonzeros (two chunks of 32)."""
+    from gpustat.csr import RowBuckets
+
+    n, p, n_fields, k, nnz = 100, 50, 5, 6, 3000
+    shape = jax.ShapeDtypeStruct
+
+    def matrix(data, indices, indptr, rows):
+        return CSR.tree_unflatten(((n, p), RowBuckets((64,), True)),
+                                  (data, indices, indptr, (rows,)))
+
+    for dtype in (jnp.float32, jnp.float64):
+        rows = [shape((nnz,), dtype), shape((nnz,), jnp.int32), shape((n + 1,), jnp.int32),
+                shape((n,), jnp.int32)]
+        fields = shape((p,), jnp.int32)
+        linear = [shape((), dtype), shape((p,), dtype)]
+        name = jnp.dtype(dtype).name
+        register_lowering_case(
+            "factorization", f"fm_{name}",
+            lambda d, i, ip, r, w0, w, V: fm_scores(matrix(d, i, ip, r), w0, w, V),
+            [*rows, *linear, shape((p, k), dtype)])
+        register_lowering_case(
+            "factorization", f"ffm_{name}",
+            lambda d, i, ip, r, f, w0, w, V: ffm_scores(matrix(d, i, ip, r), f, w0, w, V),
+            [*rows, fields, *linear, shape((p, n_fields, k), dtype)])
+        register_lowering_case(
+            "factorization", f"fwfm_{name}",
+            lambda d, i, ip, r, f, w0, w, V, R: fwfm_scores(matrix(d, i, ip, r), f, w0, w, V, R),
+            [*rows, fields, *linear, shape((p, k), dtype), shape((n_fields, n_fields), dtype)])
+
+
+_register_lowering_cases()
