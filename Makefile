@@ -46,7 +46,7 @@ notebooks: $(VENV)/.test-deps
 	done
 
 docs: $(VENV)/.test-deps
-	$(PY) -m mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir $(VENV)/site
 
 # What the GPU machine runs, with no install: gpu-marked tests, then the quick
 # benchmarks. Logs and JSON lines go to $GPUSTAT_OUT (default benchmarks/results/<device>/).

@@ -1,0 +1,149 @@
+"""Command line: ``python -m gpustat info | demo | bench <module>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import platform
+import sys
+from pathlib import Path
+
+import jax
+
+from gpustat._backend import (
+    BackendUnavailableError,
+    available_backends,
+    cuda_gpu_available,
+    resolve_backend,
+)
+
+_PACKAGES = ("jax", "jaxlib", "numpy", "scipy", "optax", "jaxtyping", "triton", "jax-triton")
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _kernel_modules() -> list[str]:
+    import pkgutil
+
+    import gpustat.pallas
+
+    return sorted(m.name for m in pkgutil.iter_modules(gpustat.pallas.__path__)
+                  if not m.name.startswith("_"))
+
+
+def info() -> str:
+    """What this machine runs: versions, devices, backends, kernels."""
+    import gpustat
+
+    lines = [f"gpustat {gpustat.__version__} (python {platform.python_version()})"]
+    lines += [f"  {name:<10} {_version(name)}" for name in _PACKAGES]
+    lines.append(f"JAX default backend: {jax.default_backend()}")
+    for device in jax.devices():
+        lines.append(f"  device {device.id}: {device.platform} {device.device_kind}")
+    lines.append(f"float64 enabled: {jax.config.jax_enable_x64}")
+    lines.append(f"available backends: {', '.join(available_backends())}")
+    mode = "compiled on the GPU" if cuda_gpu_available() else "interpret mode only (no CUDA GPU)"
+    lines.append(f"Pallas kernels ({mode}): {', '.join(_kernel_modules())}")
+    return "\n".join(lines)
+
+
+def _format_table(rows) -> str:
+    header = ("capability", "case", "backend", "max error", "time (ms)", "note")
+    body = [(r.capability, r.case, r.backend, f"{r.max_error:.2e}", f"{r.seconds * 1e3:.2f}",
+             r.note) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *body, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt.format(*header), rule, *(fmt.format(*b) for b in body)])
+
+
+def demo(backend: str, only: list[str] | None, small: bool) -> list:
+    """Run every registered demo through ``backend`` ("auto": the kernels on a GPU,
+    the reference and interpret mode elsewhere) and return the rows."""
+    from gpustat.demos import demo_modules
+
+    if backend == "auto":
+        backends = ["pallas"] if cuda_gpu_available() else ["reference", "interpret"]
+    else:
+        resolve_backend(backend, op="demo")
+        backends = [backend]
+    rows = []
+    for module in demo_modules():
+        if only and module.CAPABILITY not in only:
+            continue
+        for name in backends:
+            print(f"running {module.CAPABILITY} [{name}] ...", file=sys.stderr, flush=True)
+            rows += module.run(name, small)
+    return rows
+
+
+def _benchmark_modules(root: Path) -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in (root / "benchmarks").glob("bench_*.py"))
+
+
+def bench(modules: list[str], quick: bool, out: Path | None) -> None:
+    """Run ``benchmarks/bench_<module>.py`` of a source checkout."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "harness.py").exists():
+        raise SystemExit("gpustat bench needs a source checkout (benchmarks/ beside gpustat/)")
+    known = _benchmark_modules(root)
+    names = known if modules == ["all"] else modules
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"no benchmarks for {unknown}; known modules: {known}")
+    sys.path.insert(0, str(root))
+    failed = []
+    for name in names:
+        print(f"== bench {name}", flush=True)
+        module = importlib.import_module(f"benchmarks.bench_{name}")
+        try:
+            module.run(quick=quick, out=out)
+        except Exception as exc:  # one module's failure must not hide the others' numbers
+            print(f"bench {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"benchmarks failed: {failed}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpustat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, devices, backends, which kernels run here")
+    p_demo = sub.add_parser("demo", help="every capability end to end on small synthetic data")
+    p_demo.add_argument("--backend", default="auto",
+                        choices=["auto", "pallas", "reference", "interpret"])
+    p_demo.add_argument("--only", nargs="+", metavar="MODULE", help="run these capabilities")
+    p_demo.add_argument("--full", action="store_true", help="larger sizes")
+    p_bench = sub.add_parser("bench", help="benchmarks of one module (or 'all')")
+    p_bench.add_argument("modules", nargs="+", metavar="module")
+    p_bench.add_argument("--quick", action="store_true", help="acceptance cases only")
+    p_bench.add_argument("--out", type=Path, default=None, help="folder for <module>.jsonl")
+    args = parser.parse_args(argv)
+
+    if os.environ.get("GPUSTAT_X32") != "1":
+        jax.config.update("jax_enable_x64", True)
+    if args.command == "info":
+        print(info())
+    elif args.command == "demo":
+        try:
+            rows = demo(args.backend, args.only, small=not args.full)
+        except BackendUnavailableError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(_format_table(rows))
+        if any(r.max_error != r.max_error for r in rows):  # NaN error: a demo failed
+            return 1
+    else:
+        bench(args.modules, args.quick, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The command line: info, demo (and its clear error), bench argument checks."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gpustat import __main__ as cli
+from gpustat._backend import cuda_gpu_available
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "gpustat", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_info_lists_versions_devices_and_kernels():
+    text = cli.info()
+    assert "jax " in text and "available backends:" in text
+    assert "numerics" in text.splitlines()[-1]
+
+
+def test_demo_table_for_numerics():
+    result = _run("demo", "--only", "numerics")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:4] == ["capability", "case", "backend", "max"]
+    backends = {line.split()[3] for line in lines[2:] if line.startswith("numerics")}
+    assert backends == ({"pallas"} if cuda_gpu_available() else {"reference", "interpret"})
+
+
+@pytest.mark.skipif(cuda_gpu_available(), reason="this machine has a GPU")
+def test_demo_pallas_without_gpu_is_a_clear_error():
+    result = _run("demo", "--backend", "pallas")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: demo: backend='pallas' needs a CUDA GPU")
+    assert "Traceback" not in result.stderr
+
+
+def test_bench_unknown_module():
+    with pytest.raises(SystemExit, match="no benchmarks for"):
+        cli.bench(["nosuchmodule"], quick=True, out=None)
