@@ -9,8 +9,9 @@ PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python
 	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 PYTEST_ARGS ?= -q -n 2 -m "not slow"
 NOTEBOOKS := $(sort $(wildcard notebooks/*.py))
-# modules benchmarked by `make gpu-check` (all by default)
+# what `make gpu-check` runs: gpu-marked tests under TESTS, benchmarks of MODULES
 MODULES ?= all
+TESTS ?= tests
 
 .PHONY: demo test lint pytest notebooks docs gpu-check bench-report clean
 
@@ -55,7 +56,7 @@ gpu-check:
 	out=$${GPUSTAT_OUT:-$$(PYTHONPATH=. python3 -c 'from benchmarks.harness import default_out_dir; print(default_out_dir())')}; \
 	mkdir -p "$$out"; log="$$out/gpu-check.log"; status=0; \
 	PYTHONPATH=. python3 -m gpustat info 2>&1 | tee "$$log"; \
-	PYTHONPATH=. python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee -a "$$log" || status=1; \
+	PYTHONPATH=. python3 -m pytest -m gpu -q -p no:cacheprovider $(TESTS) 2>&1 | tee -a "$$log" || status=1; \
 	PYTHONPATH=. python3 -m gpustat bench $(MODULES) --quick --out "$$out" 2>&1 | tee -a "$$log" || status=1; \
 	exit $$status
 
