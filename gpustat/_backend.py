@@ -71,6 +71,7 @@ def resolve_backend(
     kernel_supports: bool = True,
     unsupported_reason: str = "",
     has_triton: bool = False,
+    auto_prefers_kernel: bool = True,
 ) -> str:
     """Turn a user's ``backend=`` argument into the concrete path to run.
 
@@ -82,6 +83,9 @@ def resolve_backend(
             or ``"interpret"`` raises ``ValueError`` with ``unsupported_reason``.
         unsupported_reason: why the kernel does not handle the call.
         has_triton: whether ``op`` has a jax-triton kernel.
+        auto_prefers_kernel: False where the committed benchmarks show XLA's
+            fusion of the reference at least as fast as the kernel for this call;
+            ``"auto"`` then runs the reference on a GPU too.
 
     Returns:
         One of ``"pallas"``, ``"interpret"``, ``"reference"``, ``"triton"``.
@@ -95,7 +99,8 @@ def resolve_backend(
         allowed = [b for b in BACKENDS if b != "triton" or has_triton]
         raise ValueError(f"{op}: backend must be one of {allowed}, got {backend=!r}")
     if backend == "auto":
-        return "pallas" if cuda_gpu_available() and kernel_supports else "reference"
+        use_kernel = cuda_gpu_available() and kernel_supports and auto_prefers_kernel
+        return "pallas" if use_kernel else "reference"
     if backend in ("pallas", "triton") and not cuda_gpu_available():
         raise BackendUnavailableError(
             f"{op}: backend={backend!r} needs a CUDA GPU, but this machine has "

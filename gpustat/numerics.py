@@ -20,7 +20,9 @@ Where the spec restricts ``erfcx`` to x >= 0 (NaN below), gpustat follows
 scipy's full-line ``erfcx`` (finite down to about -26.6, then +inf).
 
 Every function takes ``backend="auto" | "pallas" | "reference" | "interpret"``
-(see :mod:`gpustat._backend`), works under ``jax.jit``/``jax.vmap``, and has an
+(see :mod:`gpustat._backend`; "auto" runs XLA's fusion of the reference, which
+the H200 benchmarks show as fast as the standalone elementwise kernel), works
+under ``jax.jit``/``jax.vmap``, and has an
 exact ``custom_jvp`` (the derivative formulas below, not derivatives of the
 rational approximations).
 """
@@ -65,7 +67,11 @@ def _as_float(x: ArrayLike, name: str) -> jax.Array:
 def _run(name: str, x: jax.Array, backend: str):
     """Dispatch one op to the reference or the elementwise kernel."""
     fn, count = _kernels.KERNELS[name]
-    path = resolve_backend(backend, op=f"numerics.{name}")
+    # Standalone, these elementwise ops are compute-bound and XLA fuses the same
+    # jnp code as well as the kernel does (0.56-1.06x on an H200, results in
+    # benchmarks/results/nvidia-h200/numerics.jsonl): "auto" runs the reference.
+    # The kernel-safe functions pay off inside other capabilities' kernels.
+    path = resolve_backend(backend, op=f"numerics.{name}", auto_prefers_kernel=False)
     if path == "reference":
         out = fn(x.astype(compute_dtype(x.dtype)))
         return jax.tree.map(lambda o: o.astype(x.dtype), out)

@@ -11,6 +11,7 @@ GPU = cuda_gpu_available()
 def test_auto_picks_pallas_only_on_a_cuda_gpu():
     assert resolve_backend("auto", op="t") == ("pallas" if GPU else "reference")
     assert resolve_backend("auto", op="t", kernel_supports=False) == "reference"
+    assert resolve_backend("auto", op="t", auto_prefers_kernel=False) == "reference"
 
 
 def test_explicit_backends():
