@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import re
 import subprocess
 import time
@@ -38,7 +39,13 @@ def device_slug(name: str | None = None) -> str:
 
 
 def git_commit() -> str:
-    """Commit of the working tree (``+dirty`` when it has changes), or ``unknown``."""
+    """Commit of the working tree (``+dirty`` when it has changes), or ``unknown``.
+
+    ``GPUSTAT_COMMIT`` overrides it: the GPU machine gets a copy of the tree
+    without ``.git``, so the command sent there passes the commit along.
+    """
+    if os.environ.get("GPUSTAT_COMMIT"):
+        return os.environ["GPUSTAT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -105,12 +112,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = MIN_REPEATS) -> flo
     """Device-to-device bandwidth (bytes read + written per second, in GB/s).
 
     Times a jitted ``2 * x`` over a float32 array of ``nbytes``: one read and one
-    write of every byte, the ceiling any streaming kernel is held to.
+    write of every byte, the ceiling any streaming kernel is held to. Ten calls
+    per repetition amortise the host's dispatch and synchronisation latency.
     """
     n = nbytes // 4
     x = jnp.arange(n, dtype=jnp.float32)
     scale = jax.jit(lambda v: v * 2.0)
-    timing = time_fn(scale, [(x,)], repeats=repeats)
+    timing = time_fn(scale, [(x,)], repeats=repeats, calls_per_repeat=10)
     return 2 * n * 4 / (timing.median_ms * 1e-3) / 1e9
 
 
