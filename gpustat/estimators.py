@@ -206,7 +206,11 @@ class _FactorizationMachine(BaseEstimator):
         return params
 
     def _to_internal(self, public):
-        """Public layout -> internal (class axis after the feature axis), on the device."""
+        """Public layout -> internal (class axis after the feature axis), on the device.
+
+        Features and fields are zero-padded to their compile bucket; no data row
+        refers to the padding, so it is never touched and never moves.
+        """
         dtype = self._np_dtype()
         single = self._n_outputs == 1
         out = {}
@@ -215,12 +219,34 @@ class _FactorizationMachine(BaseEstimator):
             if single:
                 value = value[None]
             out[name] = value if name in ("w0", "r") else np.moveaxis(value, 0, 1)
+        p, n_fields = out["w"].shape[0], self._n_fields_of(public)
+        p_pad, f_pad = fm_train.bucket(p, 16), fm_train.bucket(n_fields, 1)
+        pads = {"w": [(0, p_pad - p), (0, 0)], "V": [(0, p_pad - p)] + [(0, 0)] * 2}
+        if self._model == "ffm":
+            pads["V"] = [(0, p_pad - p), (0, 0), (0, f_pad - n_fields), (0, 0)]
+        if self._model == "fwfm":
+            pads["r"] = [(0, 0), (0, f_pad - n_fields), (0, f_pad - n_fields)]
+        out = {name: np.pad(value, pads.get(name, [(0, 0)])) for name, value in out.items()}
         return jax.tree.map(jnp.asarray, out)
 
-    def _store(self, internal):
+    def _n_fields_of(self, public):
+        if self._model == "ffm":
+            return public["V"].shape[-2]
+        if self._model == "fwfm":
+            return public["r"].shape[-1]
+        return 1
+
+    def _store(self, internal, n_features, n_fields):
+        """Internal (padded) -> public attributes ``w0_``, ``w_``, ``V_``, ``r_``."""
         single = self._n_outputs == 1
         for name, value in jax.device_get(internal).items():
             value = np.asarray(value) if name in ("w0", "r") else np.moveaxis(value, 1, 0)
+            if name in ("w", "V"):
+                value = value[:, :n_features]
+            if name == "V" and self._model == "ffm":
+                value = value[:, :, :n_fields]
+            if name == "r":
+                value = value[:, :n_fields, :n_fields]
             value = value[0] if single else value
             if name == "w0":
                 self.w0_ = float(value) if single else value
@@ -288,8 +314,9 @@ class _FactorizationMachine(BaseEstimator):
                fields):
         """Run the epochs in ``orders``; returns (params, opt_state, epochs run)."""
         tx, lazy, (l2_linear, l2_factors) = self._optimizer()
-        cfg = fm_train.TrainConfig(self._model, self._loss(), X.shape[1],
-                                   int(fields.max()) + 1 if fields.size else 1,
+        n_fields = params["r"].shape[-1] if self._model == "fwfm" else (
+            params["V"].shape[2] if self._model == "ffm" else 1)
+        cfg = fm_train.TrainConfig(self._model, self._loss(), params["w"].shape[0], n_fields,
                                    int(self.batch_size), tx, lazy, l2_linear, l2_factors, backend)
         dtype = self._np_dtype()
         data = fm_train.to_device_rows(X, fields, self._targets(y_codes), weights, dtype)
@@ -344,7 +371,7 @@ class _FactorizationMachine(BaseEstimator):
         if first:
             labels = unique_labels(y) if classes is None else unique_labels(np.asarray(classes))
             if len(labels) < 2:
-                raise ValueError(f"a classifier needs at least 2 classes, got "
+                raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
                                  f"{labels.tolist()}")
             self.classes_ = labels
         elif classes is not None and not np.array_equal(unique_labels(np.asarray(classes)),
@@ -397,8 +424,8 @@ class _FactorizationMachine(BaseEstimator):
                                                 opt_state=opt_state, eval_data=eval_data,
                                                 backend=backend, fields=fields)
         self.field_ids_ = fields
-        self.n_fields_ = int(fields.max()) + 1 if fields.size else 1
-        self._store(params)
+        self.n_fields_ = int(fields.max()) + 1
+        self._store(params, X.shape[1], self.n_fields_)
         self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
         self.n_iter_ = epochs
         return self
@@ -431,8 +458,8 @@ class _FactorizationMachine(BaseEstimator):
                                            params=params, opt_state=opt_state, eval_data=None,
                                            backend=backend, fields=fields)
         self.field_ids_ = fields
-        self.n_fields_ = int(fields.max()) + 1 if fields.size else 1
-        self._store(params)
+        self.n_fields_ = int(fields.max()) + 1
+        self._store(params, X.shape[1], self.n_fields_)
         self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
         self.n_iter_ += 1
         return self

@@ -19,9 +19,10 @@ one feature's gradient is one contiguous table row:
 For each touched coordinate the gradient is
 ``(1/B) sum_rows weight_r dL/ds_r ds_r/dtheta (+ lambda theta)`` with B the
 number of rows in the batch; the bias is stepped every batch, never
-regularised. Shapes are bucketed (rows to a coarse grid, nonzeros per row to a
-power of two, batches by a dynamic trip count) so that fits of similar sizes
-share one compiled program.
+regularised. Shapes are bucketed (rows, features and fields to a coarse grid, nonzeros
+per row to a power of two, batches by a dynamic trip count) so that fits of
+similar sizes share one compiled program; padded features and fields are
+never touched, so they never move.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "MODELS",
     "DeviceRows",
     "TrainConfig",
+    "bucket",
     "decision_scores",
     "make_optimizer",
     "to_device_rows",
@@ -75,10 +77,12 @@ class DeviceRows(NamedTuple):
     weight: jax.Array
 
 
-def _row_bucket(n: int) -> int:
-    """Rows padded to a grid of 8 steps per power of two (<= 12.5 % padding), >= n + 1."""
-    n = n + 1
-    step = max(next_pow2(n) // 8, 8)
+def bucket(n: int, minimum: int) -> int:
+    """Padded size for ``n``: a power of two up to 65536 (at least ``minimum``), then a
+    grid of 8 steps per octave (<= 12.5 % padding). Few sizes -> few compiles."""
+    if n <= 1 << 16:
+        return max(next_pow2(n), minimum)
+    step = next_pow2(n) // 8
     return -(-n // step) * step
 
 
@@ -94,13 +98,14 @@ def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
         dtype: float dtype of values, targets and weights.
 
     Returns:
-        :class:`DeviceRows` with ``n_pad = _row_bucket(n)`` rows and ``z`` the
-        next power of two of the largest row length.
+        :class:`DeviceRows` with ``n_pad = bucket(n + 1, 256)`` rows (at least
+        one padding row) and ``z`` the next power of two (>= 8) of the largest
+        row length.
     """
     n = X.shape[0]
     lengths = np.diff(X.indptr)
-    z = next_pow2(int(lengths.max()) if n else 1)
-    n_pad = _row_bucket(n)
+    z = max(next_pow2(int(lengths.max()) if n else 1), 8)
+    n_pad = bucket(n + 1, 256)
     idx = np.zeros((n_pad, z), np.int32)
     val = np.zeros((n_pad, z), dtype)
     rows = np.repeat(np.arange(n), lengths)
@@ -122,8 +127,8 @@ class TrainConfig:
     Attributes:
         model: "fm", "ffm" or "fwfm".
         loss: "logistic", "squared" or "softmax".
-        n_features: p.
-        n_fields: F (1 for FM).
+        n_features: p of the (padded) parameter arrays.
+        n_fields: F of the (padded) parameter arrays (1 for FM).
         batch_size: B.
         tx: the optax transformation.
         lazy: pass the touched masks to ``tx`` (the built-in optimizers).
