@@ -20,7 +20,6 @@ kernels", University of Bologna (2025); torchPACE v1.0.0. Semantics follow
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -327,41 +326,60 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(cdt)
     path = resolve_backend(backend, op="ppoly_eval")
+    breakpoints = pp.breakpoints.astype(cdt)
     coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
+    tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
-    return _evaluate(pp.breakpoints.astype(cdt), coeffs, x, (pp.extrapolate, pp.uniform, path))
+    return _evaluate(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
 
 
-def _dispatch(breakpoints, coeffs, x, config):
+def _cached_tables(pp, breakpoints, coeffs, nu):
+    """Kernel tables; for a concrete polynomial built once on the host and kept."""
+    from gpustat.pallas.piecewise import kernel_tables
+
+    if not _is_concrete(breakpoints, coeffs):
+        return kernel_tables(breakpoints, coeffs, pp.uniform)
+    cache = pp.__dict__.setdefault("_kernel_tables", {})
+    key = (nu, coeffs.dtype.name)
+    if key not in cache:
+        cache[key] = kernel_tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform)
+    return cache[key]
+
+
+def _dispatch(breakpoints, coeffs, x, tables, config):
     extrapolate, uniform, path = config
     if path == "reference":
         return ref.ppoly_eval_reference(breakpoints, coeffs, x, extrapolate=extrapolate,
                                         uniform=uniform).astype(x.dtype)
-    from gpustat.pallas.piecewise import ppoly_eval_pallas
+    from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
 
+    keys, rows, params = kernel_tables(breakpoints, coeffs, uniform) if tables is None else tables
     trailing = coeffs.shape[2:]
-    flat_x = x.reshape(-1)
-    flat_c = coeffs.reshape((*coeffs.shape[:2], math.prod(trailing)))
-    kernel = functools.partial(ppoly_eval_pallas, extrapolate=extrapolate, uniform=uniform,
+    flat_rows = rows.reshape((-1, *rows.shape[-2:]))  # (T, P, W)
+    kernel = functools.partial(ppoly_eval_tables, keys, params=params, x=x.reshape(-1),
+                               num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,
+                               extrapolate=extrapolate, uniform=uniform,
                                interpret=path == "interpret")
-    # Several polynomials on shared breakpoints: one kernel launch per trailing
-    # entry (vmap over the last axis adds it to the kernel's grid).
-    y = jax.vmap(lambda c: kernel(breakpoints, c, flat_x), in_axes=2, out_axes=1)(flat_c)
+    if not trailing:
+        return kernel(rows=flat_rows[0]).reshape(x.shape)
+    # Several polynomials on shared breakpoints: vmap over the trailing entries
+    # adds them to the kernel's grid.
+    y = jax.vmap(lambda r: kernel(rows=r), out_axes=1)(flat_rows)
     return y.reshape(x.shape + trailing)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
-def _evaluate(breakpoints, coeffs, x, config):
-    return _dispatch(breakpoints, coeffs, x, config)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _evaluate(breakpoints, coeffs, x, tables, config):
+    return _dispatch(breakpoints, coeffs, x, tables, config)
 
 
 @_evaluate.defjvp
 def _evaluate_jvp(config, primals, tangents):
-    breakpoints, coeffs, x = primals
-    _, coeffs_dot, x_dot = tangents
+    breakpoints, coeffs, x, tables = primals
+    _, coeffs_dot, x_dot, _ = tangents
     extrapolate, uniform, _ = config
-    y = _evaluate(breakpoints, coeffs, x, config)
-    slope = _evaluate(breakpoints, ref.derivative_coeffs(coeffs, 1), x, config)
+    y = _evaluate(breakpoints, coeffs, x, tables, config)
+    slope = _evaluate(breakpoints, ref.derivative_coeffs(coeffs, 1), x, None, config)
     if extrapolate == "clamp":  # clip(x) is flat outside [x_0, x_P]
         inside = (x >= breakpoints[0]) & (x <= breakpoints[-1])
         slope = jnp.where(inside.reshape(inside.shape + (1,) * (coeffs.ndim - 2)), slope, 0.0)

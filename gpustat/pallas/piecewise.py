@@ -34,7 +34,7 @@ from jax.experimental.pallas import triton as plt
 from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES
 
-__all__ = ["eytzinger_order", "ppoly_eval_pallas"]
+__all__ = ["eytzinger_order", "kernel_tables", "ppoly_eval_pallas", "ppoly_eval_tables"]
 
 # Points per program: 16 per thread at 4 warps in float32, 8 in float64.
 _BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
@@ -66,17 +66,37 @@ def _search_levels(num_pieces: int) -> int:
     return (num_pieces - 1).bit_length()
 
 
-def _search_keys(breakpoints: jax.Array, uniform: bool) -> jax.Array:
-    """Sorted breakpoints (uniform path) or the Eytzinger tree of the interior ones."""
+def kernel_tables(breakpoints, coeffs, uniform: bool):
+    """(keys, rows, params) the kernel reads, in ``coeffs``' dtype.
+
+    keys: the sorted breakpoints (uniform path) or the Eytzinger tree of the
+    interior ones, NaN-padded to 2^levels entries (entry 0 unused); rows:
+    (*t, P, W) coefficient rows padded to W = next_pow2(D+1); params:
+    [x_0, x_P, P / (x_P - x_0), 0]. Built with numpy when the inputs are
+    concrete, so a constant polynomial under ``jit`` costs no device work per call.
+    """
+    concrete = not any(isinstance(a, jax.core.Tracer) for a in (breakpoints, coeffs))
+    xp = np if concrete else jnp
+    dtype = coeffs.dtype
+    breakpoints = xp.asarray(breakpoints, dtype=dtype)
+    coeffs = xp.asarray(coeffs)
+    degree, num_pieces = coeffs.shape[0] - 1, coeffs.shape[1]
+    width = next_pow2(degree + 1)
+    rows = xp.moveaxis(coeffs, (0, 1), (-1, -2))  # (*t, P, D+1)
+    pad = [(0, 0)] * (rows.ndim - 1) + [(0, width - degree - 1)]
+    rows = xp.pad(rows, pad)
     if uniform:
-        return breakpoints
-    levels = _search_levels(breakpoints.shape[0] - 1)
-    interior = breakpoints[1:-1]
-    pad = jnp.full(((1 << levels) - 1 - interior.shape[0],), jnp.nan, breakpoints.dtype)
-    sorted_keys = jnp.concatenate([interior, pad])
-    order = eytzinger_order(levels)
-    return jnp.concatenate([jnp.full((1,), jnp.nan, breakpoints.dtype),
-                            sorted_keys[order[1:]]])
+        keys = breakpoints
+    else:
+        levels = _search_levels(num_pieces)
+        # in-order ranks 0..2^L-2: the P-1 interior breakpoints, then NaN padding
+        nan_pad = xp.full(((1 << levels) - num_pieces,), np.nan, dtype=dtype)
+        sorted_keys = xp.concatenate([breakpoints[1:-1], nan_pad])
+        unused = xp.full((1,), np.nan, dtype=dtype)
+        keys = xp.concatenate([unused, sorted_keys[eytzinger_order(levels)[1:]]])
+    lo, hi = breakpoints[0], breakpoints[-1]
+    params = xp.stack([lo, hi, num_pieces / (hi - lo), xp.zeros((), dtype)]).astype(dtype)
+    return keys, rows, params
 
 
 def _column(rows, cols, k):
@@ -140,20 +160,20 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
     plt.store(out_ref.at[offsets], y.astype(out_ref.dtype), mask=in_range)
 
 
-@functools.partial(jax.jit, static_argnames=("extrapolate", "uniform", "interpret", "block_n",
-                                             "num_warps", "gather"))
-def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *,
-                      extrapolate: str = "extend", uniform: bool = False,
-                      interpret: bool = False, block_n: int | None = None, num_warps: int = 4,
-                      gather: str = "row") -> jax.Array:
-    """Kernel twin of :func:`gpustat.reference.piecewise.ppoly_eval_reference` (no trailing axes).
+@functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
+                                             "interpret", "block_n", "num_warps", "gather"))
+def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
+                      num_pieces: int, degree: int, extrapolate: str = "extend",
+                      uniform: bool = False, interpret: bool = False, block_n: int | None = None,
+                      num_warps: int = 4, gather: str = "row") -> jax.Array:
+    """Run the kernel on prepared :func:`kernel_tables` (rows (P, W), no trailing axes).
 
     Args:
-        breakpoints: (P+1,) strictly increasing, in the compute dtype.
-        coeffs: (D+1, P) in the compute dtype (float32 or float64).
+        keys, rows, params: from :func:`kernel_tables`, in the compute dtype.
         x: (n,) any floating dtype; read and written in that dtype.
+        num_pieces, degree: P and D of the table.
         extrapolate: one of "extend", "nan", "clamp", "periodic".
-        uniform: breakpoints lie within h/4 of a uniform grid (O(1) index).
+        uniform: the keys are the sorted breakpoints of a near-uniform grid.
         interpret: run in interpret mode.
         block_n: points per program (power of two); default by dtype.
         num_warps: Triton warps per program.
@@ -164,17 +184,10 @@ def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *
     """
     if extrapolate not in EXTRAPOLATE_MODES:
         raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
-    dtype = coeffs.dtype
     size = x.shape[0]
     if size == 0:
         return jnp.zeros((0,), x.dtype)
-    degree, num_pieces = coeffs.shape[0] - 1, coeffs.shape[1]
-    width = next_pow2(degree + 1)
-    rows = jnp.zeros((num_pieces, width), dtype).at[:, : degree + 1].set(coeffs.T)
-    keys = _search_keys(breakpoints.astype(dtype), uniform)
-    lo, hi = breakpoints[0].astype(dtype), breakpoints[-1].astype(dtype)
-    params = jnp.stack([lo, hi, num_pieces / (hi - lo), jnp.zeros((), dtype)])
-    block = min(block_n or _BLOCK_N[jnp.dtype(dtype)], next_pow2(size))
+    block = min(block_n or _BLOCK_N[jnp.dtype(rows.dtype)], next_pow2(size))
     kernel = functools.partial(
         _ppoly_eval_kernel, size=size, block_n=block, num_pieces=num_pieces, degree=degree,
         uniform=uniform, extrapolate=extrapolate, gather=gather)
@@ -185,6 +198,25 @@ def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *
         interpret=interpret,
         num_warps=num_warps,
     )(x, keys, rows, params)
+
+
+def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *,
+                      uniform: bool = False, **kwargs) -> jax.Array:
+    """Kernel twin of :func:`gpustat.reference.piecewise.ppoly_eval_reference` (no trailing axes).
+
+    Args:
+        breakpoints: (P+1,) strictly increasing.
+        coeffs: (D+1, P) in the compute dtype (float32 or float64).
+        x: (n,) any floating dtype.
+        uniform: breakpoints lie within h/4 of a uniform grid (O(1) index).
+        **kwargs: the static settings of :func:`ppoly_eval_tables`.
+
+    Returns:
+        (n,) in x's dtype.
+    """
+    keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)
+    return ppoly_eval_tables(keys, rows, params, x, num_pieces=coeffs.shape[1],
+                             degree=coeffs.shape[0] - 1, uniform=uniform, **kwargs)
 
 
 def _register_lowering_cases() -> None:

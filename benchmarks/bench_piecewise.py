@@ -1,0 +1,231 @@
+"""Benchmarks: piecewise polynomial evaluation (PwPA) vs XLA, PyTorch and the copy roofline.
+
+Acceptance cases (``--quick``), all P = 256 pieces, D = 3:
+
+* N = 2^26 float32, non-uniform breakpoints: fraction of the in-run copy bandwidth
+  (8 bytes/point read + written) and speed-up over the XLA-compiled reference
+  (``jnp.searchsorted`` path); block-size / warp / gather variants are timed too;
+* N = 2^26 float32, uniform breakpoints: vs XLA's fusion of the uniform-index reference;
+* N = 2e6 (torchPACE's shape), rotating buffers: vs a trivial ``a*x+b`` timed the same way;
+* N = 2^26 bfloat16 (4 B/point) and float64 (16 B/point): fraction of copy bandwidth;
+* the PyTorch way (``torch.bucketize`` + gather + Horner) on the same GPU, both sizes.
+
+Without a CUDA GPU the script runs tiny sizes in interpret mode (a smoke test).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.harness import (
+    MIN_REPEATS,
+    Recorder,
+    Timing,
+    check_close,
+    main_from_args,
+    rotating_copies,
+    time_fn,
+)
+from gpustat._backend import cuda_gpu_available
+from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
+from gpustat.piecewise import PiecewisePolynomial
+from gpustat.reference.piecewise import ppoly_eval_reference
+
+NUM_PIECES, DEGREE = 256, 3
+BIG, TORCHPACE_N = 1 << 26, 2_000_000
+# (block_n, num_warps, gather) variants timed on the main case
+VARIANTS = [(2048, 4, "row"), (4096, 8, "row"), (1024, 4, "row"), (4096, 4, "row"),
+            (2048, 4, "column"), (8192, 8, "row")]
+
+
+def make_pp(uniform: bool, dtype) -> PiecewisePolynomial:
+    """P = 256 cubic pieces on [-8, 8]: uniform, or sinh-graded (dense near 0)."""
+    t = np.linspace(-1.0, 1.0, NUM_PIECES + 1)
+    bp = 8.0 * t if uniform else 8.0 * np.sinh(2.5 * t) / np.sinh(2.5)
+    coeffs = np.random.default_rng(0).normal(size=(DEGREE + 1, NUM_PIECES))
+    pp = PiecewisePolynomial(bp.astype(dtype), coeffs.astype(dtype))
+    assert pp.uniform == uniform
+    return pp
+
+
+def points(n: int, dtype, seed: int) -> jax.Array:
+    x = jax.random.uniform(jax.random.key(seed), (n,), jnp.float32, -8.5, 8.5)
+    return x.astype(dtype)
+
+
+def torch_peer(pp: PiecewisePolynomial):
+    """The PyTorch way on the same GPU: bucketize + gather + Horner (eager), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    dtype = {jnp.dtype(jnp.float32): torch.float32,
+             jnp.dtype(jnp.float64): torch.float64}[jnp.dtype(pp.dtype)]
+    bp = torch.tensor(np.asarray(pp.breakpoints), dtype=dtype, device="cuda")
+    table = torch.tensor(np.asarray(pp.coeffs).T.copy(), dtype=dtype, device="cuda")
+    interior = bp[1:-1].contiguous()
+
+    def evaluate(x):
+        index = torch.bucketize(x, interior, right=True)
+        c = table[index]
+        u = x - bp[index]
+        return ((c[:, 0] * u + c[:, 1]) * u + c[:, 2]) * u + c[:, 3]
+
+    def to_torch(x):
+        return torch.from_dlpack(x)
+
+    return torch, evaluate, to_torch
+
+
+def time_torch(torch, fn, arg_sets, repeats=MIN_REPEATS, calls_per_repeat=1) -> Timing:
+    """Same protocol as :func:`benchmarks.harness.time_fn`, synchronising the torch stream."""
+    for i in range(3):
+        fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.synchronize()
+    times, k = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls_per_repeat):
+            fn(*arg_sets[k % len(arg_sets)])
+            k += 1
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3 / calls_per_repeat)
+    t = np.asarray(times)
+    return Timing(float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90)),
+                  repeats)
+
+
+def kernel_fn(pp: PiecewisePolynomial, interpret: bool, **config):
+    """The kernel alone on host-built tables (what ``pp(x)`` runs for a constant pp)."""
+    tables = kernel_tables(np.asarray(pp.breakpoints), np.asarray(pp.coeffs), pp.uniform)
+    return jax.jit(functools.partial(ppoly_eval_tables, *tables, num_pieces=pp.num_pieces,
+                                     degree=pp.degree, uniform=pp.uniform, interpret=interpret,
+                                     **config))
+
+
+def xla_fn(pp: PiecewisePolynomial):
+    return jax.jit(functools.partial(ppoly_eval_reference, pp.breakpoints, pp.coeffs,
+                                     uniform=pp.uniform))
+
+
+def run(quick: bool = True, out: Path | None = None) -> None:
+    on_gpu = cuda_gpu_available()
+    interpret = not on_gpu
+    big = BIG if on_gpu else 1 << 12
+    small = TORCHPACE_N if on_gpu else 3000
+    rec = Recorder("piecewise", out)
+    copy_gbs = rec.measure_copy(1 << 30 if on_gpu else 1 << 22)
+    summary = []
+
+    def streaming_case(name, pp, x_dtype, n, variants, compare_torch):
+        x = points(n, x_dtype, 1)
+        nbytes = n * 2 * jnp.dtype(x_dtype).itemsize
+        rtol = 1e-12 if jnp.dtype(x_dtype) == jnp.float64 else 2e-6
+        xla = xla_fn(pp)
+        expected = xla(x)
+        # f32 rounding differs between FMA (kernel) and not: absolute floor at the
+        # size of the terms (|c| * 8.5^3 ~ 1e3 -> 1e3 * rtol)
+        results = {}
+        for block_n, warps, gather in variants:
+            fn = kernel_fn(pp, interpret, block_n=block_n, num_warps=warps, gather=gather)
+            err = check_close(f"{name}[{block_n},{warps},{gather}]", fn(x), expected,
+                              rtol=rtol if x_dtype != jnp.bfloat16 else 1e-2,
+                              atol=1e3 * rtol if x_dtype != jnp.bfloat16 else 8.0)
+            timing = time_fn(fn, [(x,)])
+            results[(block_n, warps, gather)] = (timing, err)
+        xla_timing = time_fn(xla, [(x,)])
+        rec.record(f"{name}/xla_reference", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                   backend="xla", timing=xla_timing, bytes_moved=nbytes, items=n,
+                   item_name="points")
+        torch_ms = None
+        if compare_torch and (peer := torch_peer(pp)) is not None:
+            torch, evaluate, to_torch = peer
+            xt = to_torch(x)
+            check_close(f"{name}/torch", np.asarray(evaluate(xt).cpu()), expected, rtol=rtol,
+                        atol=1e3 * rtol)
+            t = time_torch(torch, evaluate, [(xt,)])
+            torch_ms = t.median_ms
+            rec.record(f"{name}/torch_bucketize", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                       backend="torch", timing=t, bytes_moved=nbytes, items=n,
+                       item_name="points")
+        best = min(results, key=lambda k: results[k][0].median_ms)
+        for config, (timing, err) in results.items():
+            extra = {"block_n": config[0], "num_warps": config[1], "gather": config[2],
+                     "max_rel_error": err, "uniform": pp.uniform,
+                     "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
+                     "best_variant": config == best}
+            if torch_ms is not None:
+                extra["speedup_vs_torch"] = torch_ms / timing.median_ms
+            row = rec.record(f"{name}/pallas", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                             backend="pallas" if on_gpu else "interpret", timing=timing,
+                             bytes_moved=nbytes, items=n, item_name="points",
+                             baseline=f"{name}/xla_reference", extra=extra)
+            if config == variants[0] or config == best:
+                summary.append(row)
+        return results[best][0]
+
+    all_variants = VARIANTS if on_gpu else VARIANTS[:1]
+    default = [all_variants[0]]
+    pp32 = make_pp(False, np.float32)
+    streaming_case("search_f32_N2^26", pp32, jnp.float32, big, all_variants, True)
+    streaming_case("uniform_f32_N2^26", make_pp(True, np.float32), jnp.float32, big,
+                   all_variants[:3], True)
+    streaming_case("search_bf16_N2^26", pp32, jnp.bfloat16, big, all_variants[:3], False)
+    streaming_case("search_f64_N2^26", make_pp(False, np.float64), jnp.float64, big,
+                   [(1024, 4, "row"), (2048, 8, "row"), (512, 4, "row")] if on_gpu else default,
+                   True)
+
+    # torchPACE's shape: 16 MB sits in L2, so rotate buffers and issue calls back to back.
+    for uniform in (False, True):
+        pp = make_pp(uniform, np.float32)
+        name = f"{'uniform' if uniform else 'search'}_f32_N2e6"
+        sets = rotating_copies(lambda i: (points(small, jnp.float32, 10 + i),), small * 4,
+                               l2_bytes=(64 << 20) if on_gpu else (1 << 16))
+        # the public call as a user writes it inside jit (constant pp: host-built tables)
+        fn = jax.jit(lambda v, pp=pp: pp(v, backend="pallas" if on_gpu else "interpret"))
+        check_close(name, fn(sets[0][0]), xla_fn(pp)(sets[0][0]), rtol=2e-6, atol=2e-3)
+        timing = time_fn(fn, sets, calls_per_repeat=10)
+        axpb = jax.jit(lambda v: 1.5 * v + 0.25)
+        axpb_timing = time_fn(axpb, sets, calls_per_repeat=10)
+        xla_timing = time_fn(xla_fn(pp), sets, calls_per_repeat=10)
+        nbytes = small * 8
+        rec.record(f"{name}/axpb", shape=(small,), dtype="float32", backend="xla",
+                   timing=axpb_timing, bytes_moved=nbytes, items=small, item_name="points")
+        rec.record(f"{name}/xla_reference", shape=(small,), dtype="float32", backend="xla",
+                   timing=xla_timing, bytes_moved=nbytes, items=small, item_name="points")
+        extra = {"ratio_vs_axpb": timing.median_ms / axpb_timing.median_ms,
+                 "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
+                 "buffers": len(sets), "uniform": uniform}
+        if (peer := torch_peer(pp)) is not None:
+            torch, evaluate, to_torch = peer
+            tsets = [(to_torch(s[0]),) for s in sets]
+            t = time_torch(torch, evaluate, tsets, calls_per_repeat=10)
+            rec.record(f"{name}/torch_bucketize", shape=(small,), dtype="float32",
+                       backend="torch", timing=t, bytes_moved=nbytes, items=small,
+                       item_name="points")
+            extra["speedup_vs_torch"] = t.median_ms / timing.median_ms
+        summary.append(rec.record(f"{name}/pallas", shape=(small,), dtype="float32",
+                                  backend="pallas" if on_gpu else "interpret", timing=timing,
+                                  bytes_moved=nbytes, items=small, item_name="points",
+                                  baseline=f"{name}/axpb", extra=extra))
+
+    print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s")
+    print(f"{'case':28s} {'config':18s} {'ms':>9s} {'GB/s':>7s} {'roof':>6s} {'xla x':>7s} "
+          f"{'torch x':>8s} {'axpb r':>7s}")
+    for row in summary:
+        config = f"{row.get('block_n', '-')},{row.get('num_warps', '-')},{row.get('gather', '-')}"
+        print(f"{row['case']:28s} {config:18s} {row['median_ms']:9.4f} {row['gbs']:7.0f} "
+              f"{row.get('roofline_fraction', 0):6.2f} {row.get('speedup_vs_xla', 0):7.1f} "
+              f"{row.get('speedup_vs_torch', 0):8.1f} {row.get('ratio_vs_axpb', 0):7.2f}")
+
+
+if __name__ == "__main__":
+    main_from_args(run, "piecewise")
