@@ -1,0 +1,221 @@
+"""Reference batched border (arrow-Schur) Newton solves: the square-root Schur form per atom.
+
+For atom ``a`` with rows ``i = 1..n_a`` (spec B.3), ``L_i L_i^T = H_tt^(i) + rho_t I``,
+``u_i = L_i^{-1} g_t^(i)``, ``Y_i = L_i^{-1} H_tb^(i)``,
+
+    S = H_bb + rho_b I - sum_i Y_i^T Y_i,      r = -g_b + sum_i Y_i^T u_i,
+    L_S L_S^T = S,   delta_beta = S^{-1} r,   delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta),
+    log_det = sum_i log det(H_tt^(i) + rho_t I) + log det S,
+
+which solves ``H delta = -g`` for the whole ridged bordered matrix (Schur determinant
+identity for ``log_det``). Atoms are bucketed by padded size (rows and border to
+powers of two) and each bucket is one ``vmap`` of the per-atom solve; padded rows
+are identity blocks and padded border entries identity, so they change nothing.
+
+Only the lower triangles of ``H_tt`` and ``H_bb`` are read (they are symmetric).
+Per-atom ``status``: 0 ok, 1 a row block not positive definite (``row`` = first such
+atom-local row, ``bump`` = Gershgorin ridge bump for ``ridge_t``), 2 the Schur
+complement not positive definite (``bump`` for ``ridge_beta``), 3 non-finite input.
+A pivot fails when ``not (pivot > 0)``, which also catches NaN. Failed atoms get NaN
+``delta_t``, ``delta_beta`` and ``log_det``; other atoms are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from gpustat.border_layout import BorderLayout
+
+__all__ = [
+    "STATUS_NONFINITE",
+    "STATUS_OK",
+    "STATUS_ROW_NOT_PD",
+    "STATUS_SCHUR_NOT_PD",
+    "accumulation_growth",
+    "gershgorin_bounds",
+    "gershgorin_ridge_bump",
+    "solve_border_reference",
+    "symmetric_from_lower",
+]
+
+STATUS_OK = 0
+STATUS_ROW_NOT_PD = 1
+STATUS_SCHUR_NOT_PD = 2
+STATUS_NONFINITE = 3
+
+
+def accumulation_growth(k, unit_roundoff):
+    """Floating-point accumulation bound ``gamma_k = k u / (1 - k u)``."""
+    return k * unit_roundoff / (1.0 - k * unit_roundoff)
+
+
+def gershgorin_ridge_bump(gap, scale, radius, ridge, dim, unit_roundoff):
+    """Ridge increase that makes ``A + (ridge + bump) I`` positive definite (spec B.5).
+
+    From the unridged symmetric ``dim x dim`` block ``A``: ``gap = min_i (A_ii - sum_{j!=i}
+    |A_ij|)``, ``scale = max(1, max_i |A_ii|)``, ``radius = max_i (|A_ii| + sum_{j!=i} |A_ij|)``.
+    ``deficit = max(0, -(gap + ridge)) + gamma_{dim+1} (radius + |ridge|)`` and
+    ``bump = deficit + rel U / (1 - rel)`` with ``U = scale + |ridge| + deficit`` and
+    ``rel = c_d u (1 + gamma_2) + gamma_2``, ``c_d = dim``: the Cholesky completion band is
+    read as ``dim`` unit roundoffs (a bare ``c_d = dim`` would make ``rel >= 1``). Always
+    ``> 0``. Elementwise in every argument, so kernels use it on loaded values.
+    """
+    gamma_2 = accumulation_growth(2, unit_roundoff)
+    deficit = jnp.maximum(0.0, -(gap + ridge)) + accumulation_growth(dim + 1, unit_roundoff) * (
+        radius + jnp.abs(ridge))
+    rel = dim * unit_roundoff * (1.0 + gamma_2) + gamma_2
+    return deficit + rel * (scale + jnp.abs(ridge) + deficit) / (1.0 - rel)
+
+
+def gershgorin_bounds(a, valid):
+    """``(gap, scale, radius)`` of symmetric ``a`` ``(m, m)`` over entries ``valid`` ``(m,)``."""
+    diag = jnp.diagonal(a)
+    off = jnp.sum(jnp.abs(a) * valid[None, :], axis=1) - jnp.abs(diag)
+    gap = jnp.min(jnp.where(valid, diag - off, jnp.inf))
+    scale = jnp.maximum(1.0, jnp.max(jnp.where(valid, jnp.abs(diag), 0.0)))
+    radius = jnp.max(jnp.where(valid, jnp.abs(diag) + off, 0.0))
+    return gap, scale, radius
+
+
+def symmetric_from_lower(a):
+    """The symmetric matrix whose lower triangle is that of ``a`` ``(..., m, m)``."""
+    lower = jnp.tril(a)
+    return lower + jnp.swapaxes(jnp.tril(a, -1), -1, -2)
+
+
+def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
+    """One padded atom: ``H_tt`` (np, d, d), ``H_tb`` (np, d, kp), ``g_t`` (np, d),
+    ``H_bb`` (kp, kp), ``g_b`` (kp,) with ``n`` real rows and ``k`` real border entries."""
+    n_pad, d, _ = H_tt.shape
+    k_pad = H_bb.shape[0]
+    u = jnp.finfo(H_tt.dtype).eps / 2
+    row_ok = jnp.arange(n_pad) < n
+    col_ok = jnp.arange(k_pad) < k
+    eye_d = jnp.eye(d, dtype=H_tt.dtype)
+
+    # Masked inputs: padded rows are identity blocks with zero cross terms and gradient.
+    A_rows = jnp.where(row_ok[:, None, None], symmetric_from_lower(H_tt), eye_d)
+    B = jnp.where(row_ok[:, None, None] & col_ok[None, None, :], H_tb, 0.0)
+    g = jnp.where(row_ok[:, None], g_t, 0.0)
+    border_ok = col_ok[:, None] & col_ok[None, :]
+    A_bb = jnp.where(border_ok, symmetric_from_lower(H_bb), 0.0)
+    gb = jnp.where(col_ok, g_b, 0.0)
+    finite = (jnp.all(jnp.isfinite(jnp.tril(A_rows))) & jnp.all(jnp.isfinite(B))
+              & jnp.all(jnp.isfinite(g)) & jnp.all(jnp.isfinite(jnp.tril(A_bb)))
+              & jnp.all(jnp.isfinite(gb)))
+
+    # Steps 1-2: per-row Cholesky, u_i = L_i^{-1} g_i, Y_i = L_i^{-1} H_tb_i. LAPACK's potrf
+    # rejects a pivot when not (pivot > 0) and the factor comes back NaN.
+    ridged = A_rows + jnp.where(row_ok, ridge_t, 0.0)[:, None, None] * eye_d
+    L = jax.lax.linalg.cholesky(ridged, symmetrize_input=False)
+    row_bad = row_ok & ~jnp.all(jnp.isfinite(L), axis=(1, 2))
+    first_bad = jnp.argmax(row_bad)
+    Y = solve_triangular(L, B, lower=True)
+    u_t = solve_triangular(L, g[..., None], lower=True)[..., 0]
+
+    # Step 3: Schur complement (unridged S0 for the Gershgorin bump) and reduced RHS.
+    S0 = A_bb - jnp.einsum("irk,irl->kl", Y, Y)
+    r = jnp.einsum("irk,ir->k", Y, u_t) - gb
+    S = S0 + jnp.diag(jnp.where(col_ok, ridge_beta, 1.0))
+
+    # Steps 4-6: Schur Cholesky, delta_beta, back-substitution for delta_t.
+    L_S = jax.lax.linalg.cholesky(S, symmetrize_input=False)
+    schur_bad = ~jnp.all(jnp.isfinite(L_S))
+    delta_beta = solve_triangular(L_S, solve_triangular(L_S, r, lower=True), lower=True,
+                                  trans="T")
+    w = u_t + jnp.einsum("irk,k->ir", Y, delta_beta)
+    delta_t = -solve_triangular(L, w[..., None], lower=True, trans="T")[..., 0]
+
+    # Step 7: log det of the whole ridged bordered matrix, 2 sum log diag of the factors
+    # (padded rows and border entries are identity: log 1 = 0).
+    log_det = 2.0 * (jnp.sum(jnp.log(jnp.diagonal(L, axis1=1, axis2=2)))
+                     + jnp.sum(jnp.log(jnp.diagonal(L_S))))
+
+    status = jnp.where(~finite, STATUS_NONFINITE,
+                       jnp.where(jnp.any(row_bad), STATUS_ROW_NOT_PD,
+                                 jnp.where(schur_bad, STATUS_SCHUR_NOT_PD, STATUS_OK)))
+    row_bump = gershgorin_ridge_bump(*gershgorin_bounds(A_rows[first_bad], jnp.ones(d, bool)),
+                                     ridge_t, d, u)
+    schur_bump = gershgorin_ridge_bump(*gershgorin_bounds(S0, col_ok), ridge_beta, k, u)
+    bump = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
+                     jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
+    row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1)
+    failed = status != STATUS_OK
+    return (jnp.where(failed, jnp.nan, delta_t), jnp.where(failed, jnp.nan, delta_beta),
+            jnp.where(failed, jnp.nan, log_det), status.astype(jnp.int32),
+            row.astype(jnp.int32), bump)
+
+
+def _next_pow2(n: np.ndarray) -> np.ndarray:
+    return np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
+
+
+def _bucket_indices(layout: BorderLayout, atoms: np.ndarray, n_pad: int, k_pad: int):
+    """Packed indices of the padded per-atom tiles of ``atoms`` (out of range where padded)."""
+    d = layout.d
+    n = layout.n_rows[atoms][:, None]
+    k = layout.k_dims[atoms][:, None, None, None]
+    i = np.arange(n_pad)[None, :]
+    rows = np.where(i < n, layout.row_offsets[atoms][:, None] + i, layout.num_rows)
+    r = np.arange(d)[None, None, :, None]
+    c = np.arange(k_pad)[None, None, None, :]
+    cross = layout.cross_offsets[atoms][:, None, None, None] + (i[..., None, None] * d + r) * k + c
+    cross = np.where((i[..., None, None] < n[..., None, None]) & (c < k), cross,
+                     layout.cross_offsets[-1])
+    kb = layout.k_dims[atoms][:, None, None]
+    a, b = np.arange(k_pad)[None, :, None], np.arange(k_pad)[None, None, :]
+    hbb = np.where((a < kb) & (b < kb), layout.hbb_offsets[atoms][:, None, None] + a * kb + b,
+                   layout.hbb_offsets[-1])
+    kv = layout.k_dims[atoms][:, None]
+    border = np.where(np.arange(k_pad)[None, :] < kv,
+                      layout.border_offsets[atoms][:, None] + np.arange(k_pad)[None, :],
+                      layout.border_offsets[-1])
+    return rows, cross, hbb, border
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def solve_border_reference(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta):
+    """Solve every atom of a packed batch (see :mod:`gpustat.border_layout` for the layout).
+
+    Args:
+        layout: the static batch layout (b atoms, N rows, row dimension d).
+        H_tt: ``(N, d, d)`` row blocks. H_tb: flat cross blocks. g_t: ``(N, d)``.
+        H_bb: flat borders. g_b: flat border gradients.
+        ridge_t, ridge_beta: ``(b,)`` per-atom ridges.
+
+    Returns:
+        ``delta_t (N, d)``, ``delta_beta`` flat, ``log_det (b,)``, ``status (b,)`` int32,
+        ``row (b,)`` int32, ``bump (b,)``.
+    """
+    dtype = H_tt.dtype
+    d = layout.d
+    delta_t = jnp.zeros((layout.num_rows, d), dtype)
+    delta_beta = jnp.zeros((int(layout.border_offsets[-1]),), dtype)
+    b = layout.num_atoms
+    log_det = jnp.zeros((b,), dtype)
+    status = jnp.zeros((b,), jnp.int32)
+    row = jnp.zeros((b,), jnp.int32)
+    bump = jnp.zeros((b,), dtype)
+    n_pad_all = _next_pow2(layout.n_rows)
+    k_pad_all = _next_pow2(layout.k_dims)
+    for n_pad, k_pad in sorted(set(zip(n_pad_all.tolist(), k_pad_all.tolist()))):
+        atoms = np.flatnonzero((n_pad_all == n_pad) & (k_pad_all == k_pad))
+        rows, cross, hbb, border = _bucket_indices(layout, atoms, n_pad, k_pad)
+        take = lambda x, idx: jnp.take(x, idx, axis=0, mode="fill", fill_value=0)  # noqa: E731
+        out = jax.vmap(_solve_atom)(
+            take(H_tt, rows), take(H_tb, cross), take(g_t, rows), take(H_bb, hbb),
+            take(g_b, border), layout.n_rows[atoms], layout.k_dims[atoms],
+            ridge_t[atoms], ridge_beta[atoms])
+        dt, db, ld, st, rw, bp = out
+        delta_t = delta_t.at[rows].set(dt, mode="drop")
+        delta_beta = delta_beta.at[border].set(db, mode="drop")
+        log_det = log_det.at[atoms].set(ld)
+        status = status.at[atoms].set(st)
+        row = row.at[atoms].set(rw)
+        bump = bump.at[atoms].set(bp)
+    return delta_t, delta_beta, log_det, status, row, bump
