@@ -17,6 +17,7 @@ weights and means.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -172,14 +173,25 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
         raise ValueError(f"need n_components, n_sweeps, n_chains >= 1, got {n_components=}, "
                          f"{n_sweeps=}, {n_chains=}")
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
+    if init is not None:
+        init = check_params(init, X.shape[1], X.dtype)
+    sticks_prior = StickBreakingPrior(jnp.asarray(alpha, X.dtype)) if weight_prior is None \
+        else weight_prior
+    return _fit_gibbs_jit(key, X, init, component_prior, sticks_prior,
+                          n_components=n_components, n_sweeps=n_sweeps, n_chains=n_chains,
+                          sample_alpha=sample_alpha, path=path, precision=precision)
+
+
+@functools.partial(jax.jit, static_argnames=("n_components", "n_sweeps", "n_chains",
+                                             "sample_alpha", "path", "precision"))
+def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components, n_sweeps,
+                   n_chains, sample_alpha, path, precision):
     dtype = X.dtype
     shift = jnp.mean(X, axis=0)
     Xc = X - shift
     prior = NIWPrior.weak(X) if component_prior is None else component_prior
     prior = jax.tree.map(lambda a: jnp.asarray(a, dtype), prior)
     prior = dataclasses.replace(prior, mean=prior.mean - shift)
-    sticks_prior = StickBreakingPrior(jnp.asarray(alpha, dtype)) if weight_prior is None \
-        else weight_prior
     keys = jax.random.split(key, n_chains)
     if init is None:
         starts = initialize(key, Xc, n_components, method="k-means++", n_init=n_chains,
@@ -187,8 +199,7 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
         starts = jax.vmap(lambda s: MixtureParams.from_covariances(
             s.weights, s.means, s.covariances + jnp.diag(jnp.diag(prior.scale)), "full"))(starts)
     else:
-        one = check_params(init, X.shape[1], dtype)
-        one = dataclasses.replace(one, means=one.means - shift)
+        one = dataclasses.replace(init, means=init.means - shift)
         starts = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_chains, *a.shape)), one)
 
     def chain(chain_key, start):

@@ -11,11 +11,13 @@ Restarts are batched: ``n_init`` keys give parameters with a leading (n_init,) a
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from gpustat.mixture_mstep import m_step
-from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams, SuffStats
 from gpustat.reference.mixture import suff_stats_from_responsibilities
 
 __all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
@@ -28,7 +30,7 @@ def kmeans_plusplus(key, X, n_components: int):
     """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
     n = X.shape[0]
     keys = jax.random.split(key, n_components)
-    first = jax.random.randint(keys[0], (), 0, n)
+    first = jax.random.randint(keys[0], (), 0, n, dtype=jnp.int32)
     dist = jnp.sum((X - X[first]) ** 2, axis=1)
     indices = jnp.zeros((n_components,), jnp.int32).at[0].set(first)
 
@@ -106,6 +108,8 @@ def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
     return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
 
 
+@functools.partial(jax.jit, static_argnames=("n_components", "covariance_type", "reg_covar",
+                                             "method", "n_init", "kmeans_max_iter"))
 def initialize(key, X, n_components: int, *, covariance_type: str = "full",
                reg_covar: float = 1e-6, method: str = "kmeans", n_init: int = 1,
                kmeans_max_iter: int = 100) -> MixtureParams:
@@ -126,6 +130,9 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
     """
     if method not in INIT_METHODS:
         raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
+    if covariance_type not in COVARIANCE_TYPES:
+        raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got "
+                         f"{covariance_type=!r}")
     keys = jax.random.split(key, n_init)
     return jax.vmap(lambda k: _initialize_one(k, X, n_components, covariance_type, reg_covar,
                                               method, kmeans_max_iter))(keys)

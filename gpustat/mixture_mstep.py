@@ -44,6 +44,28 @@ def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_cova
     return diag if covariance_type == "diag" else jnp.mean(diag, axis=-1)
 
 
+def _mark_unresolved(covariances, stats: SuffStats, nk, covariance_type: str):
+    """NaN for covariances below what raw moments resolve (singular or collapsed components).
+
+    S2 / N - mu mu^T cancels to about eps * E[x^2]; a variance (Cholesky pivot^2) below
+    10 p eps max_a E[x_a^2] is indistinguishable from zero, as for a component sitting on
+    one repeated point, and is reported instead of silently inverted.
+    """
+    dtype = nk.dtype
+    p = stats.sum_x.shape[-1]
+    second = jnp.diagonal(stats.sum_xx, axis1=-2, axis2=-1) / nk[:, None]
+    floor = 10 * p * jnp.finfo(dtype).eps * jnp.max(second, axis=-1)
+    if covariance_type == "tied":
+        floor = jnp.max(floor)
+    if covariance_type in ("full", "tied"):
+        pivots = jnp.diagonal(jnp.linalg.cholesky(covariances), axis1=-2, axis2=-1) ** 2
+        bad = ~jnp.all(pivots > floor[..., None], axis=-1)
+        return jnp.where(bad[..., None, None], jnp.nan, covariances)
+    if covariance_type == "diag":
+        return jnp.where(covariances > floor[:, None], covariances, jnp.nan)
+    return jnp.where(covariances > floor, covariances, jnp.nan)
+
+
 def _map_weights(nk, prior):
     if prior is None:
         return nk / jnp.sum(nk)
@@ -74,7 +96,8 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
 
     Returns:
         :class:`MixtureParams` in the dtype of ``stats``. A component whose covariance is
-        not positive definite has NaN precision Cholesky factors (the drivers report it).
+        not positive definite, or below the resolution of raw moments (a collapsed
+        component), has NaN covariance and precision factors (the drivers report it).
     """
     eps = jnp.finfo(stats.counts.dtype).eps
     nk = stats.counts + 10 * eps
@@ -90,4 +113,5 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
         p = means.shape[-1]
         covariances = (phi_n / (nu_n + p + 2)[:, None, None]
                        + reg_covar * jnp.eye(p, dtype=means.dtype))
+    covariances = _mark_unresolved(covariances, stats, nk, covariance_type)
     return MixtureParams.from_covariances(weights, means, covariances, covariance_type)
