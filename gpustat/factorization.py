@@ -98,7 +98,7 @@ def _as_rows(op: str, X) -> CSR:
         raise ValueError(f"{op}: X must be a CSR or a 2-D (n, p) array, got {x.shape=}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{op}: X must hold floating values, got {x.dtype=}")
-    if _is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+    if _is_concrete(x) and not np.isfinite(np.asarray(x, dtype=np.float64)).all():
         raise ValueError(f"{op}: X must be finite; it holds NaN or inf")
     return dense_as_csr(x)
 
@@ -128,7 +128,7 @@ def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
     for name, value in (("w0", w0), ("w", w), ("V", V), ("R", R)):
         if value is not None and not jnp.issubdtype(value.dtype, jnp.floating):
             raise TypeError(f"{op}: {name} must be floating, got {name}.dtype={value.dtype}")
-        if value is not None and _is_concrete(value) and not bool(jnp.all(jnp.isfinite(value))):
+        if value is not None and _is_concrete(value) and not np.isfinite(np.asarray(value)).all():
             raise ValueError(f"{op}: {name} must be finite; it holds NaN or inf")
     if model != "fm":
         field_ids = _check_field_ids(op, field_ids, p, V.shape[-2] if model == "ffm"
@@ -156,17 +156,25 @@ def _check_field_ids(op: str, field_ids, p: int, n_fields: int):
 def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
     rows = _as_rows(op, X)
     params, n_classes = _check_params(op, model, rows.shape[1], field_ids, w0, w, V, R)
-    field_ids, w0, w, V, R = params
     path = resolve_backend(backend, op=op)
+    return _compiled_scores(model, path, n_classes is not None)(rows, *params)
+
+
+@functools.cache
+def _compiled_scores(model: str, path: str, multiclass: bool):
+    """One jitted scorer per (model, backend, multiclass): eager calls reuse compilations."""
     forward = _forward(model, path)
 
-    def one_class(w0, w, V, R):
-        return scores_with_vjp(model, forward, rows, field_ids, w0, w, V, R)
+    def scores(rows, field_ids, w0, w, V, R):
+        def one_class(w0, w, V, R):
+            return scores_with_vjp(model, forward, rows, field_ids, w0, w, V, R)
 
-    if n_classes is None:
-        return one_class(w0, w, V, R)
-    in_axes = (0, 0, 0, None if R is None else 0)
-    return jax.vmap(one_class, in_axes=in_axes)(w0, w, V, R).T
+        if not multiclass:
+            return one_class(w0, w, V, R)
+        in_axes = (0, 0, 0, None if R is None else 0)
+        return jax.vmap(one_class, in_axes=in_axes)(w0, w, V, R).T
+
+    return jax.jit(scores)
 
 
 def fm_predict(X: CSR | Float[Array, "n p"], w0: Float[Array, ""] | Float[Array, " c"],

@@ -1,0 +1,196 @@
+"""Public fm/ffm/fwfm_predict: dispatch, multiclass, jit/vmap, gradients, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gpustat
+from gpustat import factorization as fz
+from gpustat._backend import BackendUnavailableError, cuda_gpu_available
+from gpustat.csr import CSR
+from tests.helpers import assert_close, tol
+from tests.oracles import factorization_oracle as oracle
+from tests.oracles.factorization_cases import make_problem
+
+P = make_problem(seed=11, row_lengths=(0, 2, 3, 1, 4))
+X = CSR.from_scipy(P.X)
+FID = jnp.asarray(P.field_ids)
+C = 2  # classes in the multiclass tests
+
+
+def _args(model, classes=None):
+    rng = np.random.default_rng(7)
+
+    def param(a):
+        if classes is None:
+            return jnp.asarray(a)
+        return jnp.asarray(np.stack([a * (1 + 0.5 * c) + 0.1 * rng.normal(size=np.shape(a))
+                                     for c in range(classes)]))
+
+    V = P.V_ffm if model == "ffm" else P.V
+    args = [param(np.asarray(P.w0)), param(P.w), param(V)]
+    if model == "fwfm":
+        args.append(param(P.R))
+    return args
+
+
+def _predict(model, X, args, backend):
+    if model == "fm":
+        return fz.fm_predict(X, *args, backend=backend)
+    if model == "ffm":
+        return fz.ffm_predict(X, FID, *args, backend=backend)
+    return fz.fwfm_predict(X, FID, *args, backend=backend)
+
+
+def _oracle(model, args):
+    a = [np.asarray(v) for v in args]
+    if model == "fm":
+        return oracle.fm_scores(P.X, *a)
+    if model == "ffm":
+        return oracle.ffm_scores(P.X, P.field_ids, *a)
+    return oracle.fwfm_scores(P.X, P.field_ids, *a)
+
+
+@pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
+def test_public_api_reference_and_dense_input(model):
+    args = _args(model)
+    expected = _oracle(model, args)
+    assert_close(_predict(model, X, args, "reference"), expected, rtol=1e-12, atol=1e-12)
+    # scipy input converts, dense input skips exact zeros
+    assert_close(_predict(model, P.X, args, "reference"), expected, rtol=1e-12, atol=1e-12)
+    assert_close(_predict(model, P.X.toarray(), args, "reference"), expected, rtol=1e-12,
+                 atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_multiclass_logits_under_jit_match_per_class_oracle(backend):
+    args = _args("fwfm", classes=C)
+    logits = jax.jit(lambda X, *a: _predict("fwfm", X, a, backend))(X, *args)
+    assert logits.shape == (X.shape[0], C)
+    for c in range(C):
+        assert_close(logits[:, c], _oracle("fwfm", [a[c] for a in args]), rtol=1e-12,
+                     atol=1e-12)
+
+
+def test_vmap_over_parameter_sets_and_dense_rows():
+    args = _args("fm", classes=3)
+    batched = jax.vmap(lambda w0, w, V: fz.fm_predict(X, w0, w, V, backend="interpret"))(*args)
+    for c in range(3):
+        assert_close(batched[c], _oracle("fm", [a[c] for a in args]), rtol=1e-12, atol=1e-12)
+    dense = jnp.asarray(P.X.toarray())
+    rows = jax.vmap(lambda x: fz.fm_predict(x[None, :], *_args("fm"), backend="reference"))(dense)
+    assert_close(rows[:, 0], _oracle("fm", _args("fm")), rtol=1e-12, atol=1e-12)
+
+
+def test_gradients_through_kernel_path_match_reference_autodiff():
+    """grad of the public op (interpret kernel forward + custom VJP) vs autodiff of the reference."""
+    args = _args("ffm")
+    from gpustat.reference.factorization import ffm_scores
+
+    def loss_public(d, w0, w, V):
+        return jnp.sum(jnp.sin(fz.ffm_predict(X.with_data(d), FID, w0, w, V,
+                                              backend="interpret")))
+
+    def loss_reference(d, w0, w, V):
+        return jnp.sum(jnp.sin(ffm_scores(X.with_data(d), FID, w0, w, V)))
+
+    got = jax.jit(jax.grad(loss_public, argnums=(0, 1, 2, 3)))(X.data, *args)
+    want = jax.jit(jax.grad(loss_reference, argnums=(0, 1, 2, 3)))(X.data, *args)
+    for g, e in zip(got, want):
+        assert_close(g, e, rtol=tol(np.float64, "autodiff"), atol=1e-12)
+
+
+def test_float32_inputs_give_float32_scores_and_16_bit_compute_in_float32():
+    args32 = [a.astype(jnp.float32) for a in _args("fm")]
+    X16 = CSR.from_scipy(P.X, dtype=jnp.bfloat16)
+    out = fz.fm_predict(X16, *args32, backend="reference")
+    assert out.dtype == jnp.float32
+    assert fz.fm_predict(CSR.from_scipy(P.X, dtype=np.float32), *args32,
+                         backend="reference").dtype == jnp.float32
+
+
+def test_exports_and_docstrings():
+    for name in ("CSR", "fm_predict", "ffm_predict", "fwfm_predict"):
+        assert name in fz.__all__
+        assert getattr(fz, name).__doc__
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["ffm", "fwfm"])
+@pytest.mark.parametrize("bad", [-1, 3])
+def test_field_ids_out_of_range(model, bad):
+    fid = np.asarray(P.field_ids).copy()
+    fid[2] = bad
+    args = _args(model)
+    fn = fz.ffm_predict if model == "ffm" else fz.fwfm_predict
+    with pytest.raises(ValueError, match=r"field_ids must lie in \[0, f=3\)"):
+        fn(X, fid, *args, backend="reference")
+
+
+def test_shape_mismatches_raise_value_error():
+    w0, w, V = _args("fm")
+    with pytest.raises(ValueError, match="w must have p=11"):
+        fz.fm_predict(X, w0, w[:-1], V, backend="reference")
+    with pytest.raises(ValueError, match="V must have shape"):
+        fz.fm_predict(X, w0, w, V[:-1], backend="reference")
+    with pytest.raises(ValueError, match="w0 must have shape"):
+        fz.fm_predict(X, jnp.zeros(2), w, V, backend="reference")
+    with pytest.raises(ValueError, match="V must have shape"):
+        fz.ffm_predict(X, FID, w0, w, V, backend="reference")  # FM-shaped V for FFM
+    w0, w, V, R = _args("fwfm")
+    with pytest.raises(ValueError, match="R must have shape"):
+        fz.fwfm_predict(X, FID, w0, w, V, R[:2], backend="reference")
+    with pytest.raises(ValueError, match="field_ids must have shape"):
+        fz.fwfm_predict(X, FID[:-1], w0, w, V, R, backend="reference")
+    with pytest.raises(ValueError, match="2-D"):
+        fz.fm_predict(jnp.ones(11), *_args("fm"), backend="reference")
+    cw0, cw, _ = _args("fm", classes=2)
+    with pytest.raises(ValueError, match="V must have shape"):
+        fz.fm_predict(X, cw0, cw, V, backend="reference")  # single-class V with 2 classes
+
+
+def test_non_finite_values_raise_value_error():
+    w0, w, V = _args("fm")
+    with pytest.raises(ValueError, match="V must be finite"):
+        fz.fm_predict(X, w0, w, V.at[0, 0].set(jnp.nan), backend="reference")
+    with pytest.raises(ValueError, match="w must be finite"):
+        fz.fm_predict(X, w0, w.at[1].set(jnp.inf), V, backend="reference")
+    dense = P.X.toarray()
+    dense[0, 0] = np.nan
+    with pytest.raises(ValueError, match="X must be finite"):
+        fz.fm_predict(dense, w0, w, V, backend="reference")
+    with pytest.raises(ValueError, match="data must be finite"):
+        bad = P.X.copy()
+        bad.data[0] = np.inf
+        fz.fm_predict(bad, w0, w, V, backend="reference")
+
+
+def test_type_errors_and_backend_errors():
+    w0, w, V = _args("fm")
+    with pytest.raises(TypeError, match="X must hold floating"):
+        fz.fm_predict(np.ones((5, 11), dtype=np.int32), w0, w, V, backend="reference")
+    with pytest.raises(TypeError, match="V must be floating"):
+        fz.fm_predict(X, w0, w, V.astype(jnp.int32), backend="reference")
+    with pytest.raises(TypeError, match="field_ids must hold integers"):
+        fz.ffm_predict(X, FID.astype(jnp.float32), *_args("ffm"), backend="reference")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fz.fm_predict(X, w0, w, V, backend="cuda")
+    if not cuda_gpu_available():
+        with pytest.raises(BackendUnavailableError):
+            fz.fm_predict(X, w0, w, V, backend="pallas")
+
+
+def test_value_checks_are_skipped_under_jit_but_shapes_are_not():
+    w0, w, V = _args("fm")
+    out = jax.jit(lambda V: fz.fm_predict(X, w0, w, V, backend="reference"))(V.at[0, 0].set(0.5))
+    assert out.shape == (X.shape[0],)
+    with pytest.raises(ValueError, match="w must have p=11"):
+        jax.jit(lambda w: fz.fm_predict(X, w0, w, V, backend="reference"))(w[:-1])
+
+
+def test_top_level_reexports_when_present():
+    for name in ("CSR", "fm_predict", "ffm_predict", "fwfm_predict"):
+        if name in gpustat.__all__:
+            assert getattr(gpustat, name) is getattr(fz, name)
