@@ -39,9 +39,20 @@ from gpustat.reference.piecewise import ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
 BIG, TORCHPACE_N = 1 << 26, 2_000_000
-# (block_n, num_warps, gather) variants timed on the main case
-VARIANTS = [(2048, 4, "row"), (4096, 8, "row"), (1024, 4, "row"), (4096, 4, "row"),
-            (2048, 4, "column"), (8192, 8, "row")]
+# (block_n, num_warps, gather, chunks) variants timed per case; run 1 on an H100
+# put every one-block-per-program variant at 35-44% of copy bandwidth, with the
+# row and column gathers equal (so not L1-bound): the sweep looks for the
+# occupancy / prefetch (chunks > 1) setting that keeps HBM busy.
+VARIANTS = {
+    "f32": [(1024, 4, "row", 1), (512, 4, "row", 1), (256, 2, "row", 1), (1024, 8, "row", 1),
+            (4096, 8, "row", 1), (1024, 4, "row", 4), (1024, 4, "row", 16), (512, 4, "row", 8),
+            (512, 2, "row", 8), (2048, 8, "row", 4), (1024, 8, "row", 8),
+            (1024, 4, "column", 4)],
+    "bf16": [(1024, 4, "row", 1), (512, 4, "row", 1), (1024, 4, "row", 8), (512, 4, "row", 8),
+             (2048, 8, "row", 4), (512, 2, "row", 8)],
+    "f64": [(512, 4, "row", 1), (256, 4, "row", 1), (512, 4, "row", 8), (1024, 4, "row", 4),
+            (256, 2, "row", 8), (1024, 8, "row", 4)],
+}
 
 
 def make_pp(uniform: bool, dtype) -> PiecewisePolynomial:
@@ -134,13 +145,14 @@ def run(quick: bool = True, out: Path | None = None) -> None:
         # f32 rounding differs between FMA (kernel) and not: absolute floor at the
         # size of the terms (|c| * 8.5^3 ~ 1e3 -> 1e3 * rtol)
         results = {}
-        for block_n, warps, gather in variants:
-            fn = kernel_fn(pp, interpret, block_n=block_n, num_warps=warps, gather=gather)
-            err = check_close(f"{name}[{block_n},{warps},{gather}]", fn(x), expected,
+        for block_n, warps, gather, chunks in variants:
+            fn = kernel_fn(pp, interpret, block_n=block_n, num_warps=warps, gather=gather,
+                           chunks=chunks)
+            err = check_close(f"{name}[{block_n},{warps},{gather},{chunks}]", fn(x), expected,
                               rtol=rtol if x_dtype != jnp.bfloat16 else 1e-2,
                               atol=1e3 * rtol if x_dtype != jnp.bfloat16 else 8.0)
             timing = time_fn(fn, [(x,)])
-            results[(block_n, warps, gather)] = (timing, err)
+            results[(block_n, warps, gather, chunks)] = (timing, err)
         xla_timing = time_fn(xla, [(x,)])
         rec.record(f"{name}/xla_reference", shape=(n,), dtype=jnp.dtype(x_dtype).name,
                    backend="xla", timing=xla_timing, bytes_moved=nbytes, items=n,
@@ -159,7 +171,7 @@ def run(quick: bool = True, out: Path | None = None) -> None:
         best = min(results, key=lambda k: results[k][0].median_ms)
         for config, (timing, err) in results.items():
             extra = {"block_n": config[0], "num_warps": config[1], "gather": config[2],
-                     "max_rel_error": err, "uniform": pp.uniform,
+                     "chunks": config[3], "max_rel_error": err, "uniform": pp.uniform,
                      "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
                      "best_variant": config == best}
             if torch_ms is not None:
@@ -172,16 +184,20 @@ def run(quick: bool = True, out: Path | None = None) -> None:
                 summary.append(row)
         return results[best][0]
 
-    all_variants = VARIANTS if on_gpu else VARIANTS[:1]
-    default = [all_variants[0]]
+    def variants(kind):
+        return VARIANTS[kind] if on_gpu else VARIANTS[kind][:1]
+
     pp32 = make_pp(False, np.float32)
-    streaming_case("search_f32_N2^26", pp32, jnp.float32, big, all_variants, True)
+    streaming_case("search_f32_N2^26", pp32, jnp.float32, big, variants("f32"), True)
     streaming_case("uniform_f32_N2^26", make_pp(True, np.float32), jnp.float32, big,
-                   all_variants[:3], True)
-    streaming_case("search_bf16_N2^26", pp32, jnp.bfloat16, big, all_variants[:3], False)
+                   variants("f32"), True)
+    streaming_case("search_bf16_N2^26", pp32, jnp.bfloat16, big, variants("bf16"), False)
+    streaming_case("uniform_bf16_N2^26", make_pp(True, np.float32), jnp.bfloat16, big,
+                   variants("bf16"), False)
     streaming_case("search_f64_N2^26", make_pp(False, np.float64), jnp.float64, big,
-                   [(1024, 4, "row"), (2048, 8, "row"), (512, 4, "row")] if on_gpu else default,
-                   True)
+                   variants("f64"), True)
+    streaming_case("uniform_f64_N2^26", make_pp(True, np.float64), jnp.float64, big,
+                   variants("f64"), False)
 
     # torchPACE's shape: 16 MB sits in L2, so rotate buffers and issue calls back to back.
     for uniform in (False, True):
@@ -221,7 +237,8 @@ def run(quick: bool = True, out: Path | None = None) -> None:
     print(f"{'case':28s} {'config':18s} {'ms':>9s} {'GB/s':>7s} {'roof':>6s} {'xla x':>7s} "
           f"{'torch x':>8s} {'axpb r':>7s}")
     for row in summary:
-        config = f"{row.get('block_n', '-')},{row.get('num_warps', '-')},{row.get('gather', '-')}"
+        keys = ("block_n", "num_warps", "gather", "chunks")
+        config = ",".join(str(row.get(k, "-")) for k in keys)
         print(f"{row['case']:28s} {config:18s} {row['median_ms']:9.4f} {row['gbs']:7.0f} "
               f"{row.get('roofline_fraction', 0):6.2f} {row.get('speedup_vs_xla', 0):7.1f} "
               f"{row.get('speedup_vs_torch', 0):8.1f} {row.get('ratio_vs_axpb', 0):7.2f}")

@@ -104,15 +104,12 @@ def _column(rows, cols, k):
     return jnp.sum(jnp.where(cols[None, :] == k, rows, 0), axis=1)
 
 
-def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: int,
-                       block_n: int, num_pieces: int, degree: int, uniform: bool,
-                       extrapolate: str, gather: str):
-    offsets = pl.program_id(0) * block_n + jnp.arange(block_n)
-    in_range = offsets < size
-    x_raw = plt.load(x_ref.at[offsets], mask=in_range, other=0)
+def _evaluate_block(x_raw, keys_ref, rows_ref, params, *, num_pieces: int, degree: int,
+                    uniform: bool, extrapolate: str, gather: str):
+    """p(x) for one loaded block of points, in the table's dtype."""
+    lo, hi, scale = params
     dtype = rows_ref.dtype
     x = x_raw.astype(dtype)
-    lo, hi, scale = params_ref[0], params_ref[1], params_ref[2]
     if extrapolate == "clamp":  # comparisons keep NaN as NaN
         x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
     elif extrapolate == "periodic":
@@ -131,8 +128,8 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
         knot = jnp.where(up, right, jnp.where(down, below, left))
     else:
         levels = _search_levels(num_pieces)
-        node = jnp.ones((block_n,), jnp.int32)
-        knot = jnp.full((block_n,), lo, dtype)
+        node = jnp.ones(x.shape, jnp.int32)
+        knot = jnp.full(x.shape, lo, dtype)
         for _ in range(levels):
             key = keys_ref[node]
             go_right = key <= x
@@ -157,15 +154,46 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
     y = jnp.where(u != u, u, y)  # NaN in, NaN out (also for an all-zero piece)
     if extrapolate == "nan":
         y = jnp.where((x < lo) | (x > hi), jnp.nan, y)
-    plt.store(out_ref.at[offsets], y.astype(out_ref.dtype), mask=in_range)
+    return y
+
+
+def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: int,
+                       block_n: int, chunks: int, **settings):
+    # A program owns `chunks` consecutive blocks of `block_n` points. With
+    # chunks > 1 the next block's x is loaded before this block's search and
+    # Horner, so HBM reads stay in flight while the gathers wait on L1.
+    params = (params_ref[0], params_ref[1], params_ref[2])
+    base = pl.program_id(0) * (block_n * chunks)
+    lanes = jnp.arange(block_n)
+
+    def load(j, valid=True):
+        offsets = base + j * block_n + lanes
+        return plt.load(x_ref.at[offsets], mask=(offsets < size) & valid, other=0)
+
+    def process(j, x_raw):
+        offsets = base + j * block_n + lanes
+        y = _evaluate_block(x_raw, keys_ref, rows_ref, params, **settings)
+        plt.store(out_ref.at[offsets], y.astype(out_ref.dtype), mask=offsets < size)
+
+    if chunks == 1:
+        process(0, load(0))
+        return
+
+    def body(j, x_raw):
+        x_next = load(j + 1, j + 1 < chunks)
+        process(j, x_raw)
+        return x_next
+
+    jax.lax.fori_loop(0, chunks, body, load(0))
 
 
 @functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
-                                             "interpret", "block_n", "num_warps", "gather"))
+                                             "interpret", "block_n", "num_warps", "gather",
+                                             "chunks"))
 def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4, gather: str = "row") -> jax.Array:
+                      num_warps: int = 4, gather: str = "row", chunks: int = 1) -> jax.Array:
     """Run the kernel on prepared :func:`kernel_tables` (rows (P, W), no trailing axes).
 
     Args:
@@ -178,6 +206,7 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         block_n: points per program (power of two); default by dtype.
         num_warps: Triton warps per program.
         gather: "row" (one vector gather per point) or "column" (D+1 scalar gathers).
+        chunks: blocks per program, the next one prefetched while this one computes.
 
     Returns:
         (n,) in x's dtype.
@@ -188,13 +217,14 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
     if size == 0:
         return jnp.zeros((0,), x.dtype)
     block = min(block_n or _BLOCK_N[jnp.dtype(rows.dtype)], next_pow2(size))
+    chunks = max(1, min(chunks, pl.cdiv(size, block)))
     kernel = functools.partial(
-        _ppoly_eval_kernel, size=size, block_n=block, num_pieces=num_pieces, degree=degree,
-        uniform=uniform, extrapolate=extrapolate, gather=gather)
+        _ppoly_eval_kernel, size=size, block_n=block, chunks=chunks, num_pieces=num_pieces,
+        degree=degree, uniform=uniform, extrapolate=extrapolate, gather=gather)
     return pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((size,), x.dtype),
-        grid=(pl.cdiv(size, block),),
+        grid=(pl.cdiv(size, block * chunks),),
         interpret=interpret,
         num_warps=num_warps,
     )(x, keys, rows, params)
@@ -220,20 +250,20 @@ def ppoly_eval_pallas(breakpoints: jax.Array, coeffs: jax.Array, x: jax.Array, *
 
 
 def _register_lowering_cases() -> None:
-    cases = [  # (x dtype, table dtype, uniform, extrapolate, gather)
-        (jnp.float32, jnp.float32, False, "extend", "row"),
-        (jnp.float32, jnp.float32, True, "clamp", "row"),
-        (jnp.float32, jnp.float32, False, "periodic", "column"),
-        (jnp.bfloat16, jnp.float32, True, "nan", "row"),
-        (jnp.float64, jnp.float64, False, "nan", "row"),
-        (jnp.float64, jnp.float64, True, "extend", "column"),
+    cases = [  # (x dtype, table dtype, uniform, extrapolate, gather, chunks)
+        (jnp.float32, jnp.float32, False, "extend", "row", 1),
+        (jnp.float32, jnp.float32, True, "clamp", "row", 4),
+        (jnp.float32, jnp.float32, False, "periodic", "column", 1),
+        (jnp.bfloat16, jnp.float32, True, "nan", "row", 1),
+        (jnp.float64, jnp.float64, False, "nan", "row", 4),
+        (jnp.float64, jnp.float64, True, "extend", "column", 1),
     ]
     num_pieces, degree = 256, 3
-    for x_dtype, dtype, uniform, extrapolate, gather in cases:
+    for x_dtype, dtype, uniform, extrapolate, gather, chunks in cases:
         fn = functools.partial(ppoly_eval_pallas, extrapolate=extrapolate, uniform=uniform,
-                               gather=gather)
+                               gather=gather, chunks=chunks, block_n=1024)
         name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
-                f"{extrapolate},{gather}]")
+                f"{extrapolate},{gather},chunks={chunks}]")
         register_lowering_case("piecewise", name, fn, [
             jax.ShapeDtypeStruct((num_pieces + 1,), dtype),
             jax.ShapeDtypeStruct((degree + 1, num_pieces), dtype),

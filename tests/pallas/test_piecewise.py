@@ -73,6 +73,15 @@ class TestPiecewiseKernel(KernelTests):
                                       uniform=uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
 
+    def test_prefetch_chunks(self):
+        """Several blocks per program (next x prefetched), ragged last program."""
+        bp, c, x = make_case(33, 3, False, seed=12, size=1000)
+        got = ppoly_eval_pallas(jnp.asarray(bp), jnp.asarray(c), jnp.asarray(x), block_n=128,
+                                chunks=3, interpret=self.backend == "interpret")
+        expected = evaluate_reference(jnp.asarray(bp), jnp.asarray(c), jnp.asarray(x),
+                                      uniform=False)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
     def test_column_gather_variant(self):
         bp, c, x = make_case(9, 3, False, seed=3)
         kwargs = dict(interpret=self.backend == "interpret", extrapolate="nan")
