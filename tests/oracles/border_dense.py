@@ -46,3 +46,32 @@ def dense_solve(H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta):
     delta = -solve_triangular(L.T, solve_triangular(L, g, lower=True), lower=False)
     log_det = 2.0 * np.sum(np.log(np.diag(L)))
     return 0, -1, delta[:n * d].reshape(n, d), delta[n * d:], log_det
+
+
+def assert_matches_dense(atoms, solution, ridge_t, ridge_beta, rtol: float = 1e-10,
+                         only=None):
+    """Every atom of ``solution`` against :func:`dense_solve`: ``|x - e| <= rtol (1 + |e|)``.
+
+    ``atoms`` is the list of per-atom tuples the batch was built from; ridges are scalars
+    or per-atom sequences. Checks status (0/1/2), row, and for status 0 the steps and log_det,
+    for every atom or the indices ``only``.
+    """
+    b = len(atoms)
+    ridge_t = np.broadcast_to(np.asarray(ridge_t, np.float64), (b,))
+    ridge_beta = np.broadcast_to(np.asarray(ridge_beta, np.float64), (b,))
+    status = np.asarray(solution.status)
+    rows = np.asarray(solution.row)
+    log_det = np.asarray(solution.log_det)
+    for a in range(b) if only is None else only:
+        atom = atoms[a]
+        want_status, want_row, dt, db, ld = dense_solve(*atom, ridge_t[a], ridge_beta[a])
+        assert status[a] == want_status, f"atom {a}: status {status[a]} != dense {want_status}"
+        assert rows[a] == want_row, f"atom {a}: row {rows[a]} != dense {want_row}"
+        got_dt, got_db = (np.asarray(x, np.float64) for x in solution.atom(a))
+        if want_status != 0:
+            assert np.all(np.isnan(got_dt)) and np.all(np.isnan(got_db)) and np.isnan(log_det[a])
+            continue
+        for name, got, want in (("delta_t", got_dt, dt), ("delta_beta", got_db, db),
+                                ("log_det", log_det[a], ld)):
+            err = np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0.0)
+            assert err <= rtol, f"atom {a} {name}: scaled error {err:.3g} > {rtol}"

@@ -1,0 +1,342 @@
+"""Batched independent border (arrow-Schur) Newton solves.
+
+Each atom ``a`` of a batch (one colour class of support-disjoint atoms in SAC
+backfitting) is an independent bordered ("arrow") system of size ``n_a d + k_a``:
+
+    H = [[blockdiag_i(H_tt^(i) + rho_t I_d),  [H_tb^(1); ...; H_tb^(n_a)]],
+         [[H_tb^(1)^T ... H_tb^(n_a)^T],       H_bb + rho_b I_{k_a}      ]],
+    g = [g_t^(1); ...; g_t^(n_a); g_b],
+
+and the Newton step solves ``H delta = -g`` by the square-root Schur form
+(``L_i L_i^T = H_tt^(i) + rho_t I``, ``Y_i = L_i^{-1} H_tb^(i)``,
+``S = H_bb + rho_b I - sum_i Y_i^T Y_i``), also returning
+``log_det = log det H`` of the whole ridged bordered matrix (Schur determinant
+identity; Golub & Van Loan, *Matrix Computations*, 4th ed., sec. 4.2 and 3.2.10).
+Failures are reported per atom (``status``, ``row``, ``bump``), never by failing the
+batch; :func:`retry_failed` re-solves only the failed atoms with their bumped ridges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from gpustat._backend import resolve_backend
+from gpustat.border_layout import MAX_BORDER, BorderLayout
+from gpustat.pallas._common import compute_dtype
+from gpustat.reference.border import (
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_ROW_NOT_PD,
+    STATUS_SCHUR_NOT_PD,
+    solve_border_reference,
+)
+
+__all__ = [
+    "STATUS_NONFINITE",
+    "STATUS_OK",
+    "STATUS_ROW_NOT_PD",
+    "STATUS_SCHUR_NOT_PD",
+    "BorderBatch",
+    "BorderLayout",
+    "BorderSolution",
+    "retry_failed",
+    "solve_batched_border",
+]
+
+_INDEX_LIMIT = 2**31 - 2  # kernels index packed arrays (plus one spare slot) in int32
+
+
+def _check_real(name: str, x) -> jax.Array:
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
+        raise TypeError(f"{name} must be a real floating (or integer) array, got {x.dtype=}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    return x
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BorderBatch:
+    """A packed batch of ``b`` border systems (CSR over atoms, no padding).
+
+    With ``N = sum_a n_a`` rows, uniform row dimension ``d`` and border widths ``k_a``:
+
+    Attributes:
+        H_tt: ``(N, d, d)`` symmetric row blocks (lower triangle read), atom ``a``'s rows
+            at ``layout.row_offsets[a]:layout.row_offsets[a + 1]``.
+        H_tb: ``(sum_a n_a d k_a,)`` cross blocks, each row's ``d x k_a`` block row-major.
+        g_t: ``(N, d)`` row gradients.
+        H_bb: ``(sum_a k_a^2,)`` symmetric borders, row-major (lower triangle read).
+        g_b: ``(sum_a k_a,)`` border gradients.
+        layout: the static :class:`~gpustat.border_layout.BorderLayout` (row counts
+            ``n_rows (b,)``, border widths ``k_dims (b,)``, ``d``, offsets).
+
+    All arrays share one floating dtype. The batch is a pytree whose layout is static,
+    so ``jax.jit`` compiles one solve per layout and reuses it across Newton steps.
+    """
+
+    H_tt: Float[Array, "n d d"]
+    H_tb: Float[Array, " c"]
+    g_t: Float[Array, "n d"]
+    H_bb: Float[Array, " q"]
+    g_b: Float[Array, " s"]
+    layout: BorderLayout = dataclasses.field(metadata={"static": True})
+
+    @classmethod
+    def from_atoms(cls, H_tt: Sequence, H_tb: Sequence, g_t: Sequence, H_bb: Sequence,
+                   g_b: Sequence, *, d: int | None = None) -> BorderBatch:
+        """Pack per-atom arrays (host-side; not traceable, the shapes define the layout).
+
+        Args:
+            H_tt: ``b`` arrays ``(n_a, d, d)``.
+            H_tb: ``b`` arrays ``(n_a, d, k_a)``.
+            g_t: ``b`` arrays ``(n_a, d)``.
+            H_bb: ``b`` arrays ``(k_a, k_a)``, ``0 <= k_a <= 32``.
+            g_b: ``b`` arrays ``(k_a,)``.
+            d: row dimension; needed only for an empty batch (default 1 then).
+
+        Returns:
+            The packed batch, in the common floating dtype of the inputs (integers
+            promote to the default float dtype).
+
+        Raises:
+            ValueError: lists of different lengths, mismatched shapes, non-uniform ``d``,
+                ``k_a > 32``.
+            TypeError: complex or boolean arrays.
+        """
+        lists = {"H_tt": H_tt, "H_tb": H_tb, "g_t": g_t, "H_bb": H_bb, "g_b": g_b}
+        lengths = {name: len(v) for name, v in lists.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"from_atoms: the five lists must have one length per atom, "
+                             f"got {lengths}")
+        atoms = [{name: _check_real(f"{name}[{a}]", v[a]) for name, v in lists.items()}
+                 for a in range(lengths["H_tt"])]
+        if not atoms:
+            layout = BorderLayout(1 if d is None else int(d), np.zeros(0), np.zeros(0))
+            dtype = jnp.result_type(float)
+            return cls(*(jnp.zeros(s, dtype) for s in layout.packed_sizes().values()), layout)
+        row_dim = atoms[0]["H_tt"].shape[-1] if atoms[0]["H_tt"].ndim == 3 else None
+        if d is not None and row_dim is not None and row_dim != d:
+            raise ValueError(f"from_atoms: {d=} but H_tt[0] has d={row_dim}")
+        n_rows, k_dims = [], []
+        for a, atom in enumerate(atoms):
+            n_a, k_a = _atom_sizes(a, atom, row_dim)
+            n_rows.append(n_a)
+            k_dims.append(k_a)
+        dtype = jnp.result_type(*(x.dtype for atom in atoms for x in atom.values()))
+        layout = BorderLayout(int(row_dim), np.array(n_rows), np.array(k_dims))
+
+        def pack(name, flat):
+            parts = [atom[name].astype(dtype) for atom in atoms]
+            return jnp.concatenate([p.reshape(-1) if flat else p for p in parts], axis=0)
+
+        return cls.from_packed(layout, pack("H_tt", False), pack("H_tb", True),
+                               pack("g_t", False), pack("H_bb", True), pack("g_b", True))
+
+    @classmethod
+    def from_packed(cls, layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b) -> BorderBatch:
+        """Wrap already packed arrays (shapes checked against ``layout``)."""
+        if layout.max_border > MAX_BORDER:
+            raise ValueError(f"border widths must be <= {MAX_BORDER}, got "
+                             f"max k_a={layout.max_border}")
+        arrays = {"H_tt": H_tt, "H_tb": H_tb, "g_t": g_t, "H_bb": H_bb, "g_b": g_b}
+        for name, expected in layout.packed_sizes().items():
+            x = arrays[name] = _check_real(name, arrays[name])
+            if x.shape != expected:
+                raise ValueError(f"{name}: expected shape {expected} for {layout}, got {x.shape=}")
+            if int(np.prod(expected)) > _INDEX_LIMIT:
+                raise ValueError(f"{name}: {x.size} entries exceed the int32 index limit")
+        dtypes = {a.dtype for a in arrays.values()}
+        if len(dtypes) != 1:
+            raise TypeError(f"all packed arrays must share one dtype, got {dtypes}")
+        return cls(**arrays, layout=layout)
+
+    @property
+    def num_atoms(self) -> int:
+        return self.layout.num_atoms
+
+    def atom(self, a: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+        """Atom ``a``'s ``(H_tt (n_a, d, d), H_tb (n_a, d, k_a), g_t (n_a, d), H_bb (k_a, k_a),
+        g_b (k_a,))``."""
+        lay = self.layout
+        n, k, d = int(lay.n_rows[a]), int(lay.k_dims[a]), lay.d
+        r0, c0 = int(lay.row_offsets[a]), int(lay.cross_offsets[a])
+        h0, b0 = int(lay.hbb_offsets[a]), int(lay.border_offsets[a])
+        return (self.H_tt[r0:r0 + n], self.H_tb[c0:c0 + n * d * k].reshape(n, d, k),
+                self.g_t[r0:r0 + n], self.H_bb[h0:h0 + k * k].reshape(k, k),
+                self.g_b[b0:b0 + k])
+
+    def subset(self, atoms) -> BorderBatch:
+        """The batch of atoms ``atoms`` (host-side index array), in that order."""
+        atoms = np.asarray(atoms, dtype=np.int64)
+        lay = self.layout
+        return BorderBatch(self.H_tt[lay.row_index(atoms)], self.H_tb[lay.cross_index(atoms)],
+                           self.g_t[lay.row_index(atoms)], self.H_bb[lay.hbb_index(atoms)],
+                           self.g_b[lay.border_index(atoms)], lay.subset(atoms))
+
+
+def _atom_sizes(a: int, atom: dict, d: int | None) -> tuple[int, int]:
+    """Validate one atom's shapes; return ``(n_a, k_a)``."""
+    H_tt, H_tb, g_t, H_bb, g_b = (atom[n] for n in ("H_tt", "H_tb", "g_t", "H_bb", "g_b"))
+    if H_tt.ndim != 3 or H_tt.shape[1:] != (d, d):
+        raise ValueError(f"H_tt[{a}]: expected (n_a, {d}, {d}) with the batch's uniform d, "
+                         f"got {H_tt.shape=}")
+    n = H_tt.shape[0]
+    if H_bb.ndim != 2 or H_bb.shape[0] != H_bb.shape[1]:
+        raise ValueError(f"H_bb[{a}]: expected a square (k_a, k_a), got {H_bb.shape=}")
+    k = H_bb.shape[0]
+    if k > MAX_BORDER:
+        raise ValueError(f"H_bb[{a}]: border width k_a must be <= {MAX_BORDER}, got {k=}")
+    expected = {"H_tb": (n, d, k), "g_t": (n, d), "g_b": (k,)}
+    for name, x in (("H_tb", H_tb), ("g_t", g_t), ("g_b", g_b)):
+        if x.shape != expected[name]:
+            raise ValueError(f"{name}[{a}]: expected {expected[name]} (n_a={n}, d={d}, "
+                             f"k_a={k}), got {x.shape=}")
+    return n, k
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BorderSolution:
+    """Per-atom Newton steps ``H delta = -g`` of a :class:`BorderBatch`.
+
+    Attributes:
+        delta_t: ``(N, d)`` packed row steps (NaN rows for failed atoms).
+        delta_beta: ``(sum_a k_a,)`` packed border steps (NaN for failed atoms).
+        log_det: ``(b,)`` natural log-determinant of each whole ridged bordered matrix.
+        status: ``(b,)`` int32: 0 ok, 1 a row block not positive definite, 2 the Schur
+            complement not positive definite, 3 non-finite input.
+        row: ``(b,)`` int32 first failing atom-local row for status 1, else -1.
+        bump: ``(b,)`` suggested ridge increase: for ``ridge_t`` when status 1, for
+            ``ridge_beta`` when status 2 (Gershgorin rule of spec B.5), else 0.
+        layout: the batch's static layout.
+    """
+
+    delta_t: Float[Array, "n d"]
+    delta_beta: Float[Array, " s"]
+    log_det: Float[Array, " b"]
+    status: Int[Array, " b"]
+    row: Int[Array, " b"]
+    bump: Float[Array, " b"]
+    layout: BorderLayout = dataclasses.field(metadata={"static": True})
+
+    def atom(self, a: int) -> tuple[jax.Array, jax.Array]:
+        """Atom ``a``'s ``(delta_t (n_a, d), delta_beta (k_a,))``."""
+        lay = self.layout
+        r0, b0 = int(lay.row_offsets[a]), int(lay.border_offsets[a])
+        return (self.delta_t[r0:r0 + int(lay.n_rows[a])],
+                self.delta_beta[b0:b0 + int(lay.k_dims[a])])
+
+
+def _atom_ridges(name: str, ridge, b: int, dtype) -> jax.Array:
+    """Scalar or ``(b,)`` ridge as ``(b,)``; concrete values must be finite and >= 0."""
+    ridge = jnp.asarray(ridge)
+    if ridge.ndim not in (0, 1) or (ridge.ndim == 1 and ridge.shape != (b,)):
+        raise ValueError(f"{name} must be a scalar or shape ({b},), got {ridge.shape=}")
+    if jnp.issubdtype(ridge.dtype, jnp.complexfloating) or ridge.dtype == jnp.bool_:
+        raise TypeError(f"{name} must be real, got {ridge.dtype=}")
+    if not isinstance(ridge, jax.core.Tracer):
+        values = np.asarray(ridge, dtype=np.float64)
+        if not np.all(np.isfinite(values) & (values >= 0)):
+            raise ValueError(f"{name} must be finite and >= 0, got min {values.min(initial=0)}"
+                             f" (non-finite: {int(np.sum(~np.isfinite(values)))})")
+    return jnp.broadcast_to(ridge.astype(dtype), (b,))
+
+
+def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
+                         backend: str = "auto") -> BorderSolution:
+    """Solve ``H delta = -g`` for every atom of ``batch`` and report per-atom status.
+
+    Args:
+        batch: the packed systems (``b`` atoms, ``N`` rows, row dimension ``d``).
+        ridge_t: ``rho_t >= 0`` added to every row block's diagonal: a scalar (class-uniform,
+            the usual case) or ``(b,)`` per atom (what :func:`retry_failed` uses).
+        ridge_beta: ``rho_b >= 0`` added to every border's diagonal, scalar or ``(b,)``.
+        backend: ``"auto"`` (Pallas kernel on a CUDA GPU for ``d <= 8``, else the
+            reference), ``"pallas"``, ``"interpret"`` or ``"reference"``.
+
+    Returns:
+        A :class:`BorderSolution`. float64 inputs solve in float64; float32 and 16-bit
+        inputs solve in float32.
+
+    Raises:
+        ValueError: ridges of the wrong shape, negative or non-finite (value checks run
+            on concrete ridges only; traced ridges under ``jax.jit`` are not checked), or a
+            kernel backend asked for ``d > 8``.
+        TypeError: complex or boolean ridges.
+
+    Works under ``jax.jit`` (the batch's layout is static) and ``jax.vmap`` (over the
+    batch's arrays or the ridges).
+    """
+    from gpustat.pallas.border import MAX_KERNEL_D, solve_border_pallas
+
+    layout = batch.layout
+    dtype = compute_dtype(batch.H_tt.dtype)
+    b = layout.num_atoms
+    rt = _atom_ridges("ridge_t", ridge_t, b, dtype)
+    rb = _atom_ridges("ridge_beta", ridge_beta, b, dtype)
+    path = resolve_backend(backend, op="solve_batched_border",
+                           kernel_supports=layout.d <= MAX_KERNEL_D,
+                           unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
+                                              f"got d={layout.d}")
+    arrays = tuple(x.astype(dtype) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
+                                            batch.g_b))
+    if b == 0:
+        out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),
+               jnp.zeros(0, jnp.int32), jnp.zeros(0, dtype))
+    elif path == "reference":
+        out = solve_border_reference(layout, *arrays, rt, rb)
+    else:
+        out = solve_border_pallas(layout, *arrays, rt, rb, interpret=path == "interpret")
+    return BorderSolution(*out, layout=layout)
+
+
+def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_beta, *,
+                 max_rounds: int = 4, backend: str = "auto"):
+    """Re-solve only the atoms with status 1 or 2, each with its bumped ridge, until all pass.
+
+    Status 1 atoms retry with ``ridge_t + bump``, status 2 atoms with ``ridge_beta + bump``;
+    a retry can fail again (e.g. a row fixed by a minimal bump leaves an indefinite Schur
+    complement), so this repeats up to ``max_rounds`` times. Status 3 (non-finite input)
+    is not retried. Host-side (eager): which atoms failed decides the sub-batch shapes.
+
+    Args:
+        batch: the batch that was solved.
+        solution: its solution.
+        ridge_t, ridge_beta: the ridges it was solved with (scalar or ``(b,)``).
+        max_rounds: most re-solves.
+        backend: as in :func:`solve_batched_border`.
+
+    Returns:
+        ``(solution, ridge_t (b,), ridge_beta (b,))``: the merged solution (untouched
+        atoms keep their results bit for bit) and the per-atom ridges finally used.
+    """
+    dtype = solution.log_det.dtype
+    b = batch.num_atoms
+    rt = np.array(_atom_ridges("ridge_t", ridge_t, b, dtype))
+    rb = np.array(_atom_ridges("ridge_beta", ridge_beta, b, dtype))
+    lay = batch.layout
+    for _ in range(max_rounds):
+        status = np.asarray(solution.status)
+        failed = np.flatnonzero((status == STATUS_ROW_NOT_PD) | (status == STATUS_SCHUR_NOT_PD))
+        if failed.size == 0:
+            break
+        bump = np.asarray(solution.bump)[failed]
+        rt[failed] += np.where(status[failed] == STATUS_ROW_NOT_PD, bump, 0.0)
+        rb[failed] += np.where(status[failed] == STATUS_SCHUR_NOT_PD, bump, 0.0)
+        sub = solve_batched_border(batch.subset(failed), rt[failed], rb[failed], backend=backend)
+        solution = BorderSolution(
+            solution.delta_t.at[lay.row_index(failed)].set(sub.delta_t),
+            solution.delta_beta.at[lay.border_index(failed)].set(sub.delta_beta),
+            solution.log_det.at[failed].set(sub.log_det),
+            solution.status.at[failed].set(sub.status),
+            solution.row.at[failed].set(sub.row),
+            solution.bump.at[failed].set(sub.bump), layout=lay)
+    return solution, jnp.asarray(rt), jnp.asarray(rb)

@@ -1,0 +1,108 @@
+"""Reference border solves vs the dense LAPACK oracle and the spec's golden values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpustat.border import BorderBatch, retry_failed, solve_batched_border
+from tests.oracles.border_dense import assert_matches_dense
+from tests.oracles.border_fixtures import pcg_system
+from tests.oracles.border_golden import (
+    GOLDEN,
+    GOLDEN_D2,
+    GOLDEN_RIDGE,
+    failing_d2_atoms,
+    golden_d2_atoms,
+    random_pd_atoms,
+    schur_and_nonfinite_d2_atoms,
+)
+
+BACKEND = "reference"
+
+
+def solve(atoms, ridge_t, ridge_beta, backend=BACKEND):
+    batch = BorderBatch.from_atoms(*zip(*atoms, strict=True))
+    return batch, solve_batched_border(batch, ridge_t, ridge_beta, backend=backend)
+
+
+def check_golden(solution, keys):
+    """Spec golden values, 1e-12 absolute on the steps (spec B.8), 1e-12 relative on log_det."""
+    for a, key in enumerate(keys):
+        want = GOLDEN[key]
+        delta_t, delta_beta = (np.asarray(x) for x in solution.atom(a))
+        if want["delta_t"] is not None:
+            np.testing.assert_allclose(delta_t.ravel()[:len(want["delta_t"])], want["delta_t"],
+                                       rtol=0, atol=1e-12)
+        np.testing.assert_allclose(delta_beta, want["delta_beta"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(solution.log_det[a], want["log_det"], rtol=1e-12)
+
+
+def test_golden_values_and_dense_parity():
+    atoms = golden_d2_atoms()
+    _, sol = solve(atoms, GOLDEN_RIDGE, GOLDEN_RIDGE)
+    check_golden(sol, GOLDEN_D2)
+    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_random_pd_batches_match_dense(d):
+    atoms = random_pd_atoms(d)
+    _, sol = solve(atoms, GOLDEN_RIDGE, GOLDEN_RIDGE)
+    assert np.all(np.asarray(sol.status) == 0)
+    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+    if d == 1:
+        check_golden_single = {2: (3, 1, 2, 1.0)}
+        for a, key in check_golden_single.items():
+            delta_t, delta_beta = (np.asarray(x) for x in sol.atom(a))
+            np.testing.assert_allclose(delta_t.ravel(), GOLDEN[key]["delta_t"], atol=1e-12, rtol=0)
+            np.testing.assert_allclose(delta_beta, GOLDEN[key]["delta_beta"], atol=1e-12, rtol=0)
+            np.testing.assert_allclose(sol.log_det[a], GOLDEN[key]["log_det"], rtol=1e-12)
+
+
+def test_row_failures_per_atom_with_bump():
+    atoms = failing_d2_atoms()
+    _, sol = solve(atoms, 0.0, 0.0)
+    np.testing.assert_array_equal(sol.status, [1, 1, 0])
+    np.testing.assert_array_equal(sol.row, [2, 0, -1])
+    bump = np.asarray(sol.bump)
+    # Gershgorin deficit of -I is 1 and of -2 I is 2; the bump adds only a rounding margin.
+    assert 1.0 < bump[0] < 1.0 + 1e-12 and 2.0 < bump[1] < 2.0 + 1e-12 and bump[2] == 0
+    assert_matches_dense(atoms, sol, 0.0, 0.0)
+    # The untouched atom is bit-for-bit the result of solving it alone.
+    _, alone = solve(golden_d2_atoms(), 0.0, 0.0)
+    np.testing.assert_array_equal(sol.atom(2)[1], alone.atom(2)[1])
+
+
+def test_schur_failure_and_nonfinite_input_per_atom():
+    atoms = schur_and_nonfinite_d2_atoms()
+    _, sol = solve(atoms, GOLDEN_RIDGE, GOLDEN_RIDGE)
+    np.testing.assert_array_equal(sol.status, [2, 3, 0])
+    np.testing.assert_array_equal(sol.row, [-1, -1, -1])
+    assert sol.bump[0] > 2.0 and sol.bump[1] == 0
+    assert np.isnan(sol.log_det[1]) and np.all(np.isnan(sol.atom(1)[0]))
+    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, only=[2])
+
+
+def test_retry_fixes_spec_row_failure():
+    """Spec B.8: n=4, d=8, k=3 with row 2 = -I at ridge 0 -> row 2, bump > 0; retry succeeds."""
+    atom = pcg_system(4, 8, 3, seed=7)
+    H_tt = atom[0].copy()
+    H_tt[2] = -np.eye(8)
+    atoms = [(H_tt, *atom[1:])]
+    batch, sol = solve(atoms, 0.0, 0.0)
+    assert int(sol.status[0]) == 1 and int(sol.row[0]) == 2 and float(sol.bump[0]) > 0
+    fixed, ridge_t, ridge_beta = retry_failed(batch, sol, 0.0, 0.0, backend=BACKEND)
+    assert int(fixed.status[0]) == 0
+    assert float(ridge_t[0]) >= float(sol.bump[0])
+    # Round 1 makes row 2 barely PD (block ~1e-15 I), which leaves the Schur complement
+    # indefinite (status 2); round 2 bumps ridge_beta. Both rounds are the spec's rule.
+    assert float(ridge_beta[0]) > 0
+    assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
+
+
+def test_empty_batch_is_an_empty_result():
+    batch = BorderBatch.from_atoms([], [], [], [], [], d=2)
+    sol = solve_batched_border(batch, 0.0, 0.0, backend=BACKEND)
+    assert sol.delta_t.shape == (0, 2) and sol.delta_beta.shape == (0,)
+    assert sol.log_det.shape == sol.status.shape == sol.row.shape == sol.bump.shape == (0,)
