@@ -13,16 +13,22 @@ _warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
 
+from gpustat import mixture as mixture  # noqa: E402
 from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
 from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
 from gpustat._backend import available_backends as available_backends  # noqa: E402
+from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
+from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "GaussianMixture",
+    "MixtureParams",
     "available_backends",
+    "mixture",
     "numerics",
     "testing",
 ]
