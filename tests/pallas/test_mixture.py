@@ -1,0 +1,127 @@
+"""Mixture kernels (interpret mode on CPU, compiled on a GPU) vs the reference ops."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
+
+from gpustat import mixture
+from gpustat.mixture_params import MixtureParams
+from gpustat.pallas import mixture as kernels
+from gpustat.reference import mixture as ref
+from tests.helpers import KernelTests, assert_close, tol
+
+# small blocks so that a few rows/components already span several tiles
+BLOCKS = dict(block_n=16, block_k=8)
+STATS_BLOCKS = dict(block_n=16, block_k=8, tiles_per_program=2)
+
+
+def make_case(n, p, k, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, p)) * 1.5
+    A = rng.normal(size=(k, p, p)) * 0.5
+    cov = A @ A.transpose(0, 2, 1) + np.eye(p)
+    params = MixtureParams.from_covariances(rng.dirichlet(np.ones(k)), rng.normal(size=(k, p)),
+                                            cov, "full")
+    return jnp.asarray(X, dtype), jax.tree.map(lambda a: jnp.asarray(a, dtype), params), rng
+
+
+def kernel_rtol(dtype):
+    # float32 quadratic-feature logits cancel (x^T A x + b^T x + c): allow ~1e3 ulp
+    return tol(dtype, "kernel") * (1.0 if dtype == np.float64 else 50.0)
+
+
+# size 1; ragged rows and components in both dtypes; p = 17 -> P = 32 features
+CASES = [(1, 2, 1, np.float64), (37, 3, 5, np.float32), (37, 3, 5, np.float64),
+         (50, 17, 9, np.float32)]
+
+
+class TestMixtureKernels(KernelTests):
+    def compiled_kwargs(self):
+        return dict(interpret=True) if self.backend == "interpret" else {}
+
+    @pytest.mark.parametrize("n,p,k,dtype", CASES)
+    def test_densities_and_suff_stats(self, n, p, k, dtype):
+        X, params, rng = make_case(n, p, k, dtype)
+        kw = self.compiled_kwargs()
+        rtol = kernel_rtol(dtype)
+        assert_close(kernels.log_prob(X, params, **kw, **BLOCKS), ref.log_prob(X, params),
+                     rtol=rtol, atol=rtol)
+        assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
+                     ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
+        w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
+        got = kernels.suff_stats(X, params, w, **kw, **STATS_BLOCKS)
+        want = ref.suff_stats(X, params, w)
+        scale = float(jnp.max(jnp.abs(want.sum_xx)))
+        assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
+        assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * scale)
+        assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * scale)
+        assert_close(got.loglik, want.loglik, rtol=rtol)
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_sample_labels_and_label_stats(self, dtype):
+        X, params, _ = make_case(37, 3, 5, dtype)
+        key = jax.random.key(4)
+        kw = self.compiled_kwargs()
+        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw, **BLOCKS)
+        want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
+        # identical uniforms: labels agree except within rounding of a CDF boundary
+        assert np.mean(np.asarray(labels) == np.asarray(want_labels)) >= (
+            1.0 if dtype == np.float64 else 0.95)
+        assert_close(lp, want_lp, rtol=kernel_rtol(dtype), atol=kernel_rtol(dtype))
+        got = kernels.suff_stats_from_labels(X, want_labels, 5, **kw, **STATS_BLOCKS)
+        want = ref.suff_stats_from_labels(X, want_labels, 5)
+        rtol = kernel_rtol(dtype)
+        assert_close(got.counts, want.counts, rtol=0)
+        assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * 10)
+        assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
+
+    def test_float32_log_prob_is_within_1e3_of_float64_at_k_256(self):
+        """The acceptance precision check at the benchmark's k and p, small n."""
+        X64, params64, _ = make_case(64, 16, 256, np.float64, seed=3)
+        X32 = X64.astype(jnp.float32)
+        params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
+        want = np.asarray(ref.log_prob(X64, params64))
+        # XLA:CPU has no TF32 dot algorithm: "tf32x3" runs only compiled on the GPU
+        precisions = ["highest"] + (["tf32x3"] if self.backend == "pallas" else [])
+        for precision in precisions:
+            got = kernels.log_prob(X32, params32, precision=precision, block_n=64, block_k=32,
+                                   **self.compiled_kwargs())
+            err = np.max(np.abs(np.asarray(got, np.float64) - want))
+            assert err < 1e-3, (precision, err)
+
+
+def sklearn_start(covariance_type, p, k):
+    precisions = {"full": np.stack([np.eye(p) * (1 + j) for j in range(k)]),
+                  "tied": np.eye(p) * 1.5, "diag": np.ones((k, p)) + np.arange(k)[:, None],
+                  "spherical": 1.0 + np.arange(k)}[covariance_type]
+    return precisions
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    rng = np.random.default_rng(2)
+    centres = np.array([[0.0, 0.0, 0.0], [4.0, 1.0, -2.0], [-3.0, 5.0, 1.0]])
+    return np.concatenate([rng.normal(size=(15, 3)) * (0.5 + 0.5 * j) + centres[j]
+                           for j in range(3)]) + 5.0
+
+
+class TestEMEqualsSklearnThroughKernels(KernelTests):
+    @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+    def test_em_from_the_same_start(self, clustered, covariance_type):
+        X = clustered
+        kwargs = dict(covariance_type=covariance_type, tol=0.0, max_iter=6,
+                      weights_init=np.array([0.2, 0.3, 0.5]), means_init=X[[0, 16, 32]] + 0.25,
+                      precisions_init=sklearn_start(covariance_type, 3, 3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = SklearnGaussianMixture(3, **kwargs).fit(X)
+            ours = mixture.GaussianMixture(3, backend=self.backend, **kwargs).fit(X)
+        for name in ("weights_", "means_", "covariances_"):
+            assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-8, atol=1e-10,
+                         err_msg=name)
+        assert abs(ours.lower_bound_ - theirs.lower_bound_) <= 1e-8 * abs(theirs.lower_bound_)
+        assert_close(ours.score_samples(X), theirs.score_samples(X), rtol=1e-8)
