@@ -258,8 +258,11 @@ def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
     elif cfg.model == "ffm":
         vp, pw = cache
         onehot = jax.nn.one_hot(fld, cfg.n_fields, dtype=val.dtype)  # (B, z, F)
-        # slot (idx_a, f) collects x_a x_d V[idx_d, f_a] over partners d in field f
-        factor_rows = jnp.einsum("bad,bdf,bdack,bc->bacfk", pw, onehot, vp, coef)
+        # slot (idx_a, f) collects x_a x_d V[idx_d, f_a] over partners d in field f:
+        # weight the partners first, then sum them per field (one small batched
+        # matmul per row; no (B, z, z, F, k) intermediate)
+        weighted = pw[:, :, :, None, None] * jnp.swapaxes(vp, 1, 2) * coef[:, None, None, :, None]
+        factor_rows = jnp.einsum("badck,bdf->bacfk", weighted, onehot)
         partners = (pw != 0).astype(val.dtype)
         lin_rows.append(jnp.einsum("bad,bdf->baf", partners, onehot))  # slot touch counts
     else:
@@ -267,10 +270,13 @@ def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
         dv = val[:, :, None, None] * jnp.einsum("badc,bdck->back", r_pair, xv)
         factor_rows = coef[:, None, :, None] * dv
         onehot = jax.nn.one_hot(fld, cfg.n_fields, dtype=val.dtype)
-        ordered = 0.5 * jnp.einsum("bc,badc,baf,bdg->cfg", coef, dots, onehot, onehot)
-        grads["r"] = _upper_from_ordered(ordered)
+        # ordered[c, f, g] = 1/2 sum_rows coef sum_{a != d} dots[a, d] [f_a = f][f_d = g],
+        # contracted in two steps (partner fields first) to keep intermediates small
+        per_field = jnp.einsum("badc,bdg->bacg", dots, onehot) * coef[:, None, :, None]
+        grads["r"] = _upper_from_ordered(0.5 * jnp.einsum("baf,bacg->cfg", onehot, per_field))
         partners = (_pair_weights(present) != 0).astype(val.dtype)
-        pair_counts = _upper_from_ordered(jnp.einsum("bad,baf,bdg->fg", partners, onehot, onehot))
+        pair_fields = jnp.einsum("bad,bdg->bag", partners, onehot)
+        pair_counts = _upper_from_ordered(jnp.einsum("baf,bag->fg", onehot, pair_fields))
         r_touched = (pair_counts > 0)[None]
     scatter = _scatter_fn(cfg.backend)
     flat_idx = idx.reshape(bsz * z)
