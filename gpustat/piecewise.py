@@ -330,7 +330,7 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
     tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
-    return _evaluate(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
+    return _evaluate_jit(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu):
@@ -390,3 +390,7 @@ def _evaluate_jvp(config, primals, tangents):
                                      uniform=uniform, skip_leading_zeros=False)
     y_dot = y_dot + slope * x_dot.reshape(x_dot.shape + trailing)
     return y, y_dot.astype(y.dtype)
+
+
+# One executable per shape and setting for eager calls (instead of op-by-op dispatch).
+_evaluate_jit = jax.jit(_evaluate, static_argnums=(4,))
