@@ -189,11 +189,12 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
 
 @functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
                                              "interpret", "block_n", "num_warps", "gather",
-                                             "chunks"))
+                                             "chunks", "num_stages"))
 def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4, gather: str = "row", chunks: int = 1) -> jax.Array:
+                      num_warps: int = 4, gather: str = "row", chunks: int = 1,
+                      num_stages: int = 1) -> jax.Array:
     """Run the kernel on prepared :func:`kernel_tables` (rows (P, W), no trailing axes).
 
     Args:
@@ -207,6 +208,7 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         num_warps: Triton warps per program.
         gather: "row" (one vector gather per point) or "column" (D+1 scalar gathers).
         chunks: blocks per program, the next one prefetched while this one computes.
+        num_stages: Triton software-pipelining stages for the chunk loop.
 
     Returns:
         (n,) in x's dtype.
@@ -227,6 +229,7 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         grid=(pl.cdiv(size, block * chunks),),
         interpret=interpret,
         num_warps=num_warps,
+        num_stages=num_stages,
     )(x, keys, rows, params)
 
 
