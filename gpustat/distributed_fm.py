@@ -1,0 +1,215 @@
+"""Data-parallel FM / FFM / FwFM training: rows split over a mesh, parameters replicated.
+
+Each device holds a block of the training rows (the padded-row layout of
+:func:`gpustat.fm_train.to_device_rows`) and walks its own row order in local
+batches of ``batch_size / D`` rows. Per global batch, every device computes the
+gradient of its rows with the single-device math of :mod:`gpustat.fm_train`
+(scores, loss derivative, sparse scatter to the dense gradient tables, Pallas
+scatter on GPUs), scaled by the **global** batch row count; one ``lax.psum``
+adds the gradients, the touched masks and the loss, and the optax step runs
+replicated, so every device keeps identical parameters (a synchronous
+data-parallel all-reduce, as in PyTorch DDP).
+
+A global batch is the union of the devices' local batches, so an epoch equals
+the single-device epoch over the interleaved order :func:`global_order`
+(up to the order of the floating-point sums).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.sparse as sp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from gpustat import fm_train
+from gpustat.distributed_core import mesh_size, row_axis
+
+__all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ShardedRows:
+    """Training rows in D equal blocks, one per device.
+
+    Attributes:
+        rows: :class:`~gpustat.fm_train.DeviceRows` whose arrays carry a leading (D,)
+            axis (sharded over the mesh); each block's last row is padding (weight 0).
+        n_local: static real rows per block (the last block may hold fewer).
+        n_rows: static total real rows n.
+    """
+
+    rows: fm_train.DeviceRows
+    n_local: int = dataclasses.field(metadata={"static": True})
+    n_rows: int = dataclasses.field(metadata={"static": True})
+
+    def block_rows(self, device: int) -> np.ndarray:
+        """Global row ids of block ``device``'s real rows."""
+        lo = min(device * self.n_local, self.n_rows)
+        return np.arange(lo, min(lo + self.n_local, self.n_rows))
+
+
+def _pad_to(a: np.ndarray, shape) -> np.ndarray:
+    out = np.zeros(shape, a.dtype)
+    out[tuple(slice(0, s) for s in a.shape)] = a
+    return out
+
+
+def shard_training_rows(X, field_ids, target, weight, dtype, mesh: Mesh) -> ShardedRows:
+    """Split training rows into equal contiguous blocks on the mesh's devices.
+
+    Args:
+        X: (n, p) scipy CSR matrix, canonical (sorted, duplicate-free, no explicit zeros).
+        field_ids: (p,) int field of each feature.
+        target: (n, C) targets; weight: (n,) row weights.
+        dtype: float dtype of values, targets and weights.
+        mesh: 1-D mesh.
+
+    Returns:
+        :class:`ShardedRows`.
+    """
+    if not sp.issparse(X):
+        raise TypeError(f"X must be a scipy sparse matrix, got {type(X).__name__}")
+    X = sp.csr_matrix(X)
+    n = X.shape[0]
+    d = mesh_size(mesh)
+    n_local = max(-(-n // d), 1)
+    target = np.asarray(target).reshape(n, -1)
+    weight = np.asarray(weight).reshape(n)
+    blocks = []
+    for g in range(d):
+        lo, hi = min(g * n_local, n), min((g + 1) * n_local, n)
+        blocks.append(fm_train.to_device_rows(X[lo:hi], field_ids, target[lo:hi],
+                                              weight[lo:hi], dtype))
+    # common shape: the largest padded row count (+ padding rows) and slot width
+    n_pad = max(b.idx.shape[0] for b in blocks)
+    z = max(b.idx.shape[1] for b in blocks)
+    sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
+    fields = []
+    for name in fm_train.DeviceRows._fields:
+        parts = [np.asarray(getattr(b, name)) for b in blocks]
+        shape = {"idx": (n_pad, z), "val": (n_pad, z), "fld": (n_pad, z),
+                 "target": (n_pad, parts[0].shape[1] if parts[0].ndim == 2 else 0),
+                 "weight": (n_pad,)}[name]
+        fields.append(jax.device_put(np.stack([_pad_to(p, shape) for p in parts]), sharding))
+    return ShardedRows(fm_train.DeviceRows(*fields), n_local, n)
+
+
+def _local_batches(data: ShardedRows, local_orders, local_batch: int):
+    """(D, n_batches, local_batch) local row ids (padding row where short) and global counts."""
+    d = len(local_orders)
+    pad_row = data.rows.idx.shape[1] - 1
+    n_batches = max(max(-(-len(o) // local_batch) for o in local_orders), 1)
+    table = np.full((d, n_batches * local_batch), pad_row, np.int32)
+    counts = np.zeros(n_batches, np.int64)
+    for g, order in enumerate(local_orders):
+        table[g, :len(order)] = order
+        filled = np.zeros(n_batches * local_batch, bool)
+        filled[:len(order)] = True
+        counts += filled.reshape(n_batches, local_batch).sum(1)
+    return table.reshape(d, n_batches, local_batch), counts
+
+
+def _check_orders(data: ShardedRows, local_orders, d: int):
+    if len(local_orders) != d:
+        raise ValueError(f"local_orders needs one order per device ({d}), got {len(local_orders)}")
+    orders = []
+    for g, order in enumerate(local_orders):
+        order = np.asarray(order, np.int64)
+        size = data.block_rows(g).size
+        if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= size)):
+            raise ValueError(f"local_orders[{g}] must be 1-D local row ids in [0, {size}), got "
+                             f"shape {order.shape}")
+        orders.append(order)
+    return orders
+
+
+def global_order(data: ShardedRows, local_orders, batch_size: int) -> np.ndarray:
+    """The single-device visit order whose batches are the union of the devices' batches."""
+    d = len(local_orders)
+    local_batch = batch_size // d
+    table, _ = _local_batches(data, local_orders, local_batch)
+    pad_row = data.rows.idx.shape[1] - 1
+    order = []
+    for b in range(table.shape[1]):
+        for g in range(d):
+            local = table[g, b][table[g, b] != pad_row]
+            order.append(data.block_rows(g)[local])
+    return np.concatenate(order)
+
+
+def _allreduce_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state, data, rows, count):
+    """One global batch: local gradients, one psum, replicated optax step."""
+    idx, val, fld = data.idx[rows], data.val[rows], data.fld[rows]
+    target, weight = data.target[rows], data.weight[rows]
+    s, cache = fm_train._scores(cfg.model, params, idx, val, fld)
+    dlds, row_loss = fm_train._loss_grad_and_value(cfg.loss, s, target)
+    coef = dlds * (weight / count)[:, None]  # global count: the psum is the batch mean
+    grads, touched = fm_train._gradients(cfg, params, idx, val, fld, coef, cache)
+    touched = jax.tree.map(lambda t: t.astype(jnp.int32), touched)
+    grads, touched, loss = jax.lax.psum((grads, touched, (weight * row_loss).sum()), axis)
+    touched = jax.tree.map(lambda t: t > 0, touched)
+    grads = fm_train._add_l2(cfg, grads, touched, params)
+    if cfg.lazy:
+        updates, opt_state = cfg.tx.update(grads, opt_state, params, touched=touched)
+    else:
+        updates, opt_state = cfg.tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _epoch(cfg, mesh, params, opt_state, rows, table, counts):
+    axis = row_axis(mesh)
+
+    def block(params, opt_state, rows, table, counts):
+        rows = jax.tree.map(lambda a: a[0], rows)
+        table = table[0]
+
+        def body(b, carry):
+            params, opt_state, loss_sum = carry
+            params, opt_state, loss = _allreduce_step(cfg, axis, params, opt_state, rows,
+                                                      table[b], counts[b])
+            return params, opt_state, loss_sum + loss
+
+        zero = jnp.zeros((), rows.val.dtype)
+        return jax.lax.fori_loop(0, table.shape[0], body, (params, opt_state, zero))
+
+    row, shared = PartitionSpec(axis), PartitionSpec()
+    return jax.shard_map(block, mesh=mesh, in_specs=(shared, shared, row, row, shared),
+                         out_specs=shared, check_vma=False)(params, opt_state, rows, table,
+                                                            counts)
+
+
+def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows, local_orders,
+                mesh: Mesh):
+    """One data-parallel epoch: every device walks its block in ``local_orders[device]``.
+
+    Args:
+        cfg: static settings (:class:`~gpustat.fm_train.TrainConfig`); ``cfg.batch_size``
+            is the global batch B and must be a multiple of the device count D.
+        params, opt_state: replicated parameters (internal layout of
+            :mod:`gpustat.fm_train`) and optimizer state.
+        data: :class:`ShardedRows` from :func:`shard_training_rows` on the same mesh.
+        local_orders: D arrays of local row ids (a permutation of each block's rows).
+        mesh: 1-D mesh.
+
+    Returns:
+        ``(params, opt_state, weighted loss sum)`` replicated; equal to
+        :func:`gpustat.fm_train.train_epoch` over :func:`global_order`.
+    """
+    d = mesh_size(mesh)
+    if cfg.batch_size % d:
+        raise ValueError(f"cfg.batch_size must be a multiple of the device count {d}, got "
+                         f"{cfg.batch_size=}")
+    orders = _check_orders(data, local_orders, d)
+    table, counts = _local_batches(data, orders, cfg.batch_size // d)
+    sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
+    dtype = data.rows.val.dtype
+    return _epoch(cfg, mesh, params, opt_state, data.rows, jax.device_put(table, sharding),
+                  jnp.asarray(counts, dtype))

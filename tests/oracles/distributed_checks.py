@@ -1,0 +1,327 @@
+"""Sharded-vs-unsharded checks, run in a subprocess that sees 4 CPU devices.
+
+``python -m tests.oracles.distributed_checks [names...]`` sets
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` before JAX starts (the
+main pytest process has already initialised JAX with one device), runs each
+``check_*`` function and prints one JSON line per check: name, ok, the measured
+errors, or the traceback. ``tests/test_distributed.py`` asserts on those lines.
+
+Every check compares the sharded entry point of :mod:`gpustat.distributed`
+(4 devices, ragged row counts so padding is exercised) with the single-device
+op on the same data, and where cheap with an independent numpy computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import traceback
+
+N_DEVICES = 4
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count={N_DEVICES}")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+from jax.sharding import PartitionSpec  # noqa: E402
+
+from gpustat import bms, border, distributed, factorization, fm_train, mixture  # noqa: E402
+from gpustat.piecewise import PiecewisePolynomial, ppoly_eval  # noqa: E402
+
+
+def _err(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)),
+                            initial=0.0))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _spec(x):
+    return x.sharding.spec if hasattr(x.sharding, "spec") else None
+
+
+def _raises(fn, exc, text) -> bool:
+    try:
+        fn()
+    except exc as e:
+        assert text in str(e), f"message {e!r} lacks {text!r}"
+        return True
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def check_mesh():
+    mesh = distributed.make_mesh()
+    assert distributed.mesh_size(mesh) == N_DEVICES
+    x = distributed.shard_rows(jnp.arange(10.0), mesh)
+    assert x.shape == (12,) and _spec(x) == PartitionSpec("rows"), (x.shape, _spec(x))
+    assert float(x[10]) == 0.0 and len(x.addressable_shards) == N_DEVICES
+    r = distributed.replicate(jnp.ones(3), mesh)
+    assert _spec(r) == PartitionSpec()
+    _raises(lambda: distributed.make_mesh(0), ValueError, "n_devices")
+    _raises(lambda: distributed.make_mesh(N_DEVICES + 1), ValueError, "n_devices")
+    _raises(lambda: distributed.make_mesh(axis_name=1), TypeError, "axis_name")
+    _raises(lambda: distributed.shard_rows((jnp.ones(3), jnp.ones(4)), mesh), ValueError,
+            "leading")
+    _raises(lambda: distributed.ppoly_eval(None, jnp.ones(3), "mesh"), TypeError, "mesh")
+    return {"padded_rows": int(x.shape[0])}
+
+
+def _poly():
+    rng = np.random.default_rng(0)
+    return PiecewisePolynomial(np.linspace(-2, 2, 9), rng.normal(size=(4, 8)))
+
+
+def check_ppoly_eval():
+    mesh = distributed.make_mesh()
+    pp = _poly()
+    errs = {}
+    for n in (1, 37, 40):
+        x = jnp.linspace(-3, 3, n)
+        expected = ppoly_eval(pp, x, backend="reference")
+        for backend in ("reference", "interpret"):
+            got = jax.jit(lambda p, x, b=backend: distributed.ppoly_eval(p, x, mesh, backend=b))(
+                pp, x)
+            errs[f"n{n}_{backend}"] = _err(got, expected)
+        if n == 40:
+            assert _spec(got) == PartitionSpec("rows"), _spec(got)
+    # vmap over a batch of polynomials' evaluation points (2, n): vmapped shard_map
+    xs = jnp.stack([jnp.linspace(-1, 1, 8), jnp.linspace(0, 2, 8)])
+    got = jax.vmap(lambda x: distributed.ppoly_eval(pp, x, mesh, backend="reference"))(xs)
+    errs["vmap"] = _err(got, ppoly_eval(pp, xs, backend="reference"))
+    _raises(lambda: distributed.ppoly_eval(pp, jnp.float64(1.0), mesh), ValueError, "x.shape")
+    assert max(errs.values()) < 1e-13, errs
+    return errs
+
+
+def _fm_case():
+    rng = np.random.default_rng(1)
+    X = sp.random(23, 10, density=0.3, random_state=2, format="csr")
+    X.data[X.indptr[3]:X.indptr[4]] = 0  # an empty row
+    X.eliminate_zeros()
+    fields = np.arange(10) % 3
+    return X, fields, 0.3, rng.normal(size=10), rng.normal(size=(10, 4)), \
+        rng.normal(size=(10, 3, 4)), rng.normal(size=(3, 3))
+
+
+def check_factorization():
+    mesh = distributed.make_mesh()
+    X, fields, w0, w, V, Vf, R = _fm_case()
+    Xs = distributed.shard_csr(X, mesh)
+    errs = {}
+    dense = X.toarray()
+    for backend in ("reference", "interpret"):
+        got = distributed.fm_predict(Xs, w0, w, V, mesh, backend=backend)
+        errs[f"fm_{backend}"] = _err(got, factorization.fm_predict(X, w0, w, V,
+                                                                  backend="reference"))
+    # numpy oracle: the FM formula summed pair by pair
+    pair = np.einsum("ni,nj,ik,jk->n", dense, dense, V, V) - np.einsum("ni,ik->n", dense**2,
+                                                                      V**2)
+    errs["fm_numpy"] = _err(got, w0 + dense @ w + 0.5 * pair)
+    got = jax.jit(lambda Xs: distributed.ffm_predict(Xs, fields, w0, w, Vf, mesh,
+                                                     backend="reference"))(Xs)
+    errs["ffm"] = _err(got, factorization.ffm_predict(X, fields, w0, w, Vf, backend="reference"))
+    got = distributed.fwfm_predict(X, fields, w0, w, V, R, mesh, backend="reference")
+    errs["fwfm_scipy_input"] = _err(got, factorization.fwfm_predict(X, fields, w0, w, V, R,
+                                                                    backend="reference"))
+    got = distributed.fm_predict(jnp.asarray(dense), w0, w, V, mesh, backend="reference")
+    errs["fm_dense"] = _err(got, factorization.fm_predict(dense, w0, w, V, backend="reference"))
+    _raises(lambda: distributed.shard_csr(dense.tolist(), mesh), TypeError, "X must be")
+    assert max(errs.values()) < 1e-12, errs
+    return errs
+
+
+def _mixture_case(n=37, p=3):
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(size=(n // 2, p)), rng.normal(size=(n - n // 2, p)) + 2.5])
+    params = mixture.MixtureParams.from_covariances(
+        jnp.array([0.4, 0.6]), jnp.array([[0.5] * p, [1.5] * p]), jnp.stack([jnp.eye(p)] * 2))
+    return jnp.asarray(X), params, rng.uniform(0.5, 2.0, n)
+
+
+def check_suff_stats():
+    mesh = distributed.make_mesh()
+    X, params, w = _mixture_case()
+    errs = {}
+    for backend in ("reference", "interpret"):
+        got = distributed.suff_stats(X, params, mesh, w, backend=backend)
+        errs[backend] = _err(got, mixture.suff_stats(X, params, w, backend="reference"))
+    # numpy oracle of the counts: sum_i w_i r_ij
+    r = np.asarray(mixture.responsibilities(X, params, backend="reference"))
+    errs["counts_numpy"] = _err(got.counts, (w[:, None] * r).sum(0))
+    assert max(errs.values()) < 1e-11, errs
+    return errs
+
+
+def check_fit_em():
+    mesh = distributed.make_mesh()
+    X, params, w = _mixture_case(n=61)
+    got = jax.jit(lambda X: distributed.fit_em(X, params, mesh, sample_weight=w, max_iter=8,
+                                               tol=1e-10, backend="reference"))(X)
+    ref = mixture.fit_em(X, params, sample_weight=w, max_iter=8, tol=1e-10, backend="reference")
+    assert int(got.n_iter) == int(ref.n_iter) and int(got.status) == int(ref.status)
+    errs = {"params": _err(got.params, ref.params),
+            "lower_bounds": _err(jnp.nan_to_num(got.lower_bounds), jnp.nan_to_num(ref.lower_bounds))}
+    _raises(lambda: distributed.fit_em(X, jax.tree.map(lambda a: a[None], params), mesh),
+            ValueError, "init")
+    assert max(errs.values()) < 1e-10, errs
+    return {**errs, "n_iter": int(got.n_iter)}
+
+
+def check_fit_gibbs():
+    """Two sweeps sharded vs the same draws composed from the single-device public ops."""
+    mesh = distributed.make_mesh()
+    X, params, _ = _mixture_case(n=40)
+    key = jax.random.key(7)
+    got = distributed.fit_gibbs(key, X, params, mesh, n_sweeps=2, backend="reference")
+    shift = X.mean(0)
+    Xc = X - shift
+    weak = mixture.NIWPrior.weak(X)
+    prior = dataclasses.replace(weak, mean=weak.mean - shift)
+    sticks = mixture.StickBreakingPrior(jnp.asarray(1.0))
+    state = mixture.GibbsState(dataclasses.replace(params, means=params.means - shift),
+                               jnp.zeros(2), jnp.asarray(1.0))
+    blocks = np.split(np.asarray(Xc), N_DEVICES)
+    logliks = []
+    for sweep_key in jax.random.split(key, 2):
+        k_z, k_niw, k_v = jax.random.split(sweep_key, 3)
+        stats, loglik = None, 0.0
+        for g, xb in enumerate(blocks):
+            labels, lp = mixture.sample_labels(jax.random.fold_in(k_z, g), xb, state.params,
+                                               backend="reference", return_log_prob=True)
+            s = mixture.suff_stats_from_labels(xb, labels, 2, backend="reference")
+            stats = s if stats is None else stats + s
+            loglik += float(jnp.sum(lp))
+        drawn = mixture.sample_niw_posterior(k_niw, prior, stats)
+        v, weights, alpha = mixture.sample_sticks(k_v, stats.counts, sticks, state.alpha)
+        state = mixture.GibbsState(dataclasses.replace(drawn, weights=weights), v, alpha)
+        logliks.append(loglik)
+    errs = {"loglik": _err(got.loglik[0], np.array(logliks)),
+            "means": _err(got.state.params.means[0], state.params.means + shift),
+            "alpha": _err(got.state.alpha[0], state.alpha)}
+    assert max(errs.values()) < 1e-9, errs
+    return errs
+
+
+def check_bms_joint():
+    mesh = distributed.make_mesh()
+    rng = np.random.default_rng(4)
+    n, r, pm, pg = 27, 4, 3, 2
+    A = rng.normal(size=(n, r, r))
+    hess = A @ A.transpose(0, 2, 1)
+    x, g = rng.normal(size=(n, pm)), rng.normal(size=(n, pg))
+    p_total = pm + pg + r - 2
+    v = rng.normal(size=(2, p_total))
+    errs = {}
+    for backend in ("reference", "interpret"):
+        errs[f"hvp_{backend}"] = _err(distributed.joint_hvp(hess, x, g, v, mesh, backend=backend),
+                                      bms.joint_hvp(hess, x, g, v, backend="reference"))
+    errs["diagonal"] = _err(distributed.joint_diagonal(hess, x, g, mesh, backend="reference"),
+                            bms.joint_diagonal(hess, x, g, backend="reference"))
+    dense = distributed.joint_dense(hess, x, g, mesh, backend="reference")
+    errs["dense"] = _err(dense, bms.joint_dense(hess, x, g, backend="reference"))
+    # numpy oracle: assemble J_i^T H_i J_i row by row
+    J = np.zeros((n, r, p_total))
+    J[:, 0, :pm] = x
+    J[:, 1, pm:pm + pg] = g
+    J[:, 2:, pm + pg:] = np.eye(r - 2)
+    errs["dense_numpy"] = _err(dense, np.einsum("nap,nab,nbq->pq", J, hess, J))
+    derivs = bms.RowDerivatives(rng.normal(size=n), rng.normal(size=(n, r)), hess,
+                                np.zeros(n, np.int32))
+    errs["gradient"] = _err(distributed.joint_gradient(derivs, x, g, mesh, backend="reference"),
+                            bms.joint_gradient(derivs, x, g, backend="reference"))
+    assert max(errs.values()) < 1e-11, errs
+    return errs
+
+
+def check_bms_rows():
+    mesh = distributed.make_mesh()
+    rng = np.random.default_rng(5)
+    n = 9
+    rows = bms.build_rows(rng.normal(0, 0.5, n), rng.uniform(0.3, 1.0, n), None, None, None,
+                          None, rng.normal(size=n), rng.integers(0, 2, n).astype(float),
+                          np.ones(n), backend="reference")
+    sharded = distributed.shard_bms_rows(rows, mesh)
+    got = distributed.row_derivatives(sharded, mesh, backend="reference")
+    ref = bms.row_derivatives(rows, backend="reference")
+    assert np.array_equal(np.asarray(got.status), np.asarray(ref.status))
+    errs = {"derivs": _err(got[:3], ref[:3])}
+    assert errs["derivs"] < 1e-12, errs
+    return {**errs, "n_cells": rows.n_cells}
+
+
+def check_border():
+    from tests.oracles.border_fixtures import random_batch
+
+    mesh = distributed.make_mesh()
+    sizes = [(3, 2), (1, 1), (3, 2), (5, 0), (2, 3), (3, 2), (1, 1), (4, 2), (3, 2)]
+    atoms = random_batch(6, sizes, d=2)
+    atoms[4] = (-np.abs(atoms[4][0]), *atoms[4][1:])  # a failing atom: status per atom
+    batch = border.BorderBatch.from_atoms(*(list(a) for a in zip(*atoms, strict=True)))
+    sharded = distributed.shard_border_batch(batch, mesh)
+    ridge_t = np.linspace(0.0, 0.4, len(sizes))
+    errs = {}
+    for backend in ("reference", "interpret"):
+        got = distributed.solve_batched_border(sharded, ridge_t, 0.1, mesh,
+                                               backend=backend).gather()
+        ref = border.solve_batched_border(batch, ridge_t, 0.1, backend="reference")
+        assert np.array_equal(np.asarray(got.status), np.asarray(ref.status)), backend
+        errs[backend] = _err(jax.tree.map(jnp.nan_to_num, got), jax.tree.map(jnp.nan_to_num, ref))
+    assert int(np.asarray(got.status)[4]) != 0
+    assert max(errs.values()) < 1e-12, errs
+    return {**errs, "slots_per_device": sharded.plan.local.num_atoms}
+
+
+def check_fm_training():
+    mesh = distributed.make_mesh()
+    rng = np.random.default_rng(8)
+    n, p, k, batch = 64, 12, 3, 8
+    X = sp.random(n, p, density=0.3, random_state=9, format="csr")
+    X.sort_indices()
+    y = rng.integers(0, 2, n).astype(float)[:, None]
+    weight = rng.uniform(0.5, 1.5, n)
+    fields = np.zeros(p, np.int32)
+    tx, lazy, (l2w, l2v) = fm_train.make_optimizer(
+        "adagrad", model="fm", learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-3, l2_factors=1e-3)
+    cfg = fm_train.TrainConfig("fm", "logistic", p, 1, batch, tx, lazy, l2w, l2v, "reference")
+    params = {"w0": jnp.zeros(1), "w": jnp.zeros((p, 1)),
+              "V": jnp.asarray(rng.normal(0, 0.1, (p, 1, k)))}
+    opt_state = tx.init(params)
+    data = distributed.shard_training_rows(X, fields, y, weight, np.float64, mesh)
+    orders = [rng.permutation(data.block_rows(g).size) for g in range(N_DEVICES)]
+    got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
+    single = fm_train.to_device_rows(X, fields, y, weight, np.float64)
+    order = distributed.global_order(data, orders, batch)
+    assert sorted(order.tolist()) == list(range(n))
+    ref = fm_train.train_epoch(cfg, params, opt_state, single, order)
+    errs = {"params": _err(got[0], ref[0]), "loss": _err(got[2], ref[2])}
+    bad = fm_train.TrainConfig("fm", "logistic", p, 1, 6, tx, lazy, l2w, l2v, "reference")
+    _raises(lambda: distributed.train_epoch(bad, params, opt_state, data, orders, mesh),
+            ValueError, "batch_size")
+    assert max(errs.values()) < 1e-12, errs
+    return errs
+
+
+def main(names) -> int:
+    checks = {k[len("check_"):]: v for k, v in globals().items() if k.startswith("check_")}
+    failed = 0
+    for name in names or sorted(checks):
+        try:
+            detail = checks[name]()
+            print(json.dumps({"name": name, "ok": True, "detail": detail}), flush=True)
+        except Exception:  # report every failure, keep going
+            failed += 1
+            print(json.dumps({"name": name, "ok": False, "detail": traceback.format_exc()}),
+                  flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
