@@ -332,6 +332,14 @@ class _FactorizationMachine(BaseEstimator):
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(orders), desc=type(self).__name__, unit="epoch")
+        if val_rows is None and bar is None:
+            # nothing to show or check between epochs: run them in few calls, each
+            # holding at most ~16M row slots of permutations
+            group = max(1, (1 << 24) // data.idx.shape[0])
+            for start in range(0, len(orders), group):
+                params, opt_state, _ = fm_train.train_epochs(cfg, params, opt_state, data,
+                                                             orders[start:start + group])
+            return params, opt_state, len(orders)
         best = (np.inf, params, opt_state)
         stale = 0
         epochs = 0

@@ -2,12 +2,13 @@
 
 Data live on the device in a padded-row (ELL) layout: row ``r`` holds ``z``
 slots of feature index, value and field; unused slots have value 0 and index
-0 (they add nothing and touch nothing). One epoch is one call of a jitted
-function that loops (``lax.fori_loop``) over the batches of a host-drawn row
-permutation; every row of a batch is scored with the parameters frozen at the
-batch start, the batch gradient is accumulated sparsely (one contribution row
-per nonzero, summed per feature by :func:`gpustat.pallas.estimators.scatter_add_rows`
-or its reference), and an optax transformation steps the touched coordinates.
+0 (they add nothing and touch nothing). An epoch is one compiled loop
+(``lax.fori_loop``) over the batches of a host-drawn row permutation; several
+epochs can run in one call (a loop over epochs around it). Every row of a
+batch is scored with the parameters frozen at the batch start, the batch
+gradient is accumulated sparsely (one contribution row per nonzero, summed per
+feature by :func:`gpustat.pallas.estimators.scatter_add_rows` or its
+reference), and an optax transformation steps the touched coordinates.
 
 Parameters are kept with the class axis right after the feature axis so that
 one feature's gradient is one contiguous table row:
@@ -52,6 +53,7 @@ __all__ = [
     "make_optimizer",
     "to_device_rows",
     "train_epoch",
+    "train_epochs",
 ]
 
 MODELS = ("fm", "ffm", "fwfm")
@@ -329,42 +331,59 @@ def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, cou
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order, counts, n_batches):
-    def body(b, carry):
-        params, opt_state, loss_sum = carry
-        params, opt_state, batch_loss = _batch_step(cfg, params, opt_state, data, order[b],
-                                                    counts[b])
-        return params, opt_state, loss_sum + batch_loss
+def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, counts,
+                  n_batches, n_epochs):
+    def epoch(e, carry):
+        def body(b, carry):
+            params, opt_state, loss_sum = carry
+            params, opt_state, batch_loss = _batch_step(cfg, params, opt_state, data,
+                                                        orders[e, b], counts[b])
+            return params, opt_state, loss_sum + batch_loss
+
+        return jax.lax.fori_loop(0, n_batches, body, carry)
 
     zero = jnp.zeros((), data.val.dtype)
-    return jax.lax.fori_loop(0, n_batches, body, (params, opt_state, zero))
+    return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, zero))
 
 
-def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
-    """One epoch over the rows in ``order`` (contiguous batches of ``cfg.batch_size``).
+def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
+    """Epochs over the rows in each of ``orders`` (contiguous batches of ``cfg.batch_size``).
+
+    One compiled program runs them all (a loop over epochs around the loop over
+    batches); the epoch count and the batch count are dynamic trip counts, so
+    the compile is shared by every fit in the same shape bucket.
 
     Args:
         cfg: static settings.
         params: internal-layout parameters (device arrays).
         opt_state: the transformation's state.
         data: the training rows.
-        order: (n,) row visit order.
+        orders: sequence of (n,) row visit orders, one per epoch (same n).
 
     Returns:
-        ``(params, opt_state, weighted loss sum over the epoch's rows)``, the
+        ``(params, opt_state, weighted loss sum over all rows visited)``, the
         loss taken at each batch's frozen parameters.
     """
     n_pad = data.idx.shape[0]
     bsz = cfg.batch_size
-    n_batches = -(-len(order) // bsz)
+    n = len(orders[0])
+    n_batches = -(-n // bsz)
     slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
-    padded = np.full(slots, n_pad - 1, np.int32)  # the last row is padding (weight 0)
-    padded[: len(order)] = order
-    counts = np.full(slots // bsz, bsz, np.int32)
-    counts[n_batches - 1] = len(order) - (n_batches - 1) * bsz
+    # the last row is padding (weight 0): it fills the tail of the last batch
+    padded = np.full((next_pow2(len(orders)), slots), n_pad - 1, np.int32)
+    padded[: len(orders), :n] = np.asarray(orders)
+    counts = np.full(slots // bsz, bsz)
+    counts[n_batches - 1] = n - (n_batches - 1) * bsz
     dtype = data.val.dtype
-    return _train_epoch(cfg, params, opt_state, data, jnp.asarray(padded.reshape(-1, bsz)),
-                        jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32))
+    return _train_epochs(cfg, params, opt_state, data,
+                         jnp.asarray(padded.reshape(len(padded), -1, bsz)),
+                         jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
+                         jnp.asarray(len(orders), jnp.int32))
+
+
+def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
+    """One epoch over the rows in ``order``: :func:`train_epochs` with one order."""
+    return train_epochs(cfg, params, opt_state, data, [order])
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
