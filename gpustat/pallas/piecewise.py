@@ -34,10 +34,30 @@ from jax.experimental.pallas import triton as plt
 from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES
 
-__all__ = ["eytzinger_order", "kernel_tables", "ppoly_eval_pallas", "ppoly_eval_tables"]
+__all__ = [
+    "default_config",
+    "eytzinger_order",
+    "kernel_tables",
+    "ppoly_eval_pallas",
+    "ppoly_eval_tables",
+]
 
-# Points per program: 16 per thread at 4 warps in float32, 8 in float64.
-_BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
+# Default (block_n, num_warps, chunks, num_stages) by (x itemsize, uniform): the
+# fastest of the sweep in benchmarks/results/nvidia-h100-80gb-hbm3/piecewise.jsonl
+# (P = 256, D = 3, N = 2^26 on an H100; neighbouring settings were within ~10%).
+_DEFAULT_CONFIG = {
+    (4, False): (512, 4, 8, 2),
+    (4, True): (1024, 4, 4, 1),
+    (2, False): (1024, 4, 1, 1),
+    (2, True): (512, 4, 8, 1),
+    (8, False): (512, 4, 1, 1),
+    (8, True): (1024, 8, 4, 1),
+}
+
+
+def default_config(x_dtype, uniform: bool) -> tuple[int, int, int, int]:
+    """(block_n, num_warps, chunks, num_stages) used when the caller gives none."""
+    return _DEFAULT_CONFIG[(min(max(jnp.dtype(x_dtype).itemsize, 2), 8), uniform)]
 
 
 @functools.cache
@@ -193,8 +213,8 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
 def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4, gather: str = "row", chunks: int = 1,
-                      num_stages: int = 1) -> jax.Array:
+                      num_warps: int | None = None, gather: str = "row",
+                      chunks: int | None = None, num_stages: int | None = None) -> jax.Array:
     """Run the kernel on prepared :func:`kernel_tables` (rows (P, W), no trailing axes).
 
     Args:
@@ -204,7 +224,8 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         extrapolate: one of "extend", "nan", "clamp", "periodic".
         uniform: the keys are the sorted breakpoints of a near-uniform grid.
         interpret: run in interpret mode.
-        block_n: points per program (power of two); default by dtype.
+        block_n: points per block (power of two). This and the next three
+            settings default to :func:`default_config`.
         num_warps: Triton warps per program.
         gather: "row" (one vector gather per point) or "column" (D+1 scalar gathers).
         chunks: blocks per program, the next one prefetched while this one computes.
@@ -218,8 +239,10 @@ def ppoly_eval_tables(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
     size = x.shape[0]
     if size == 0:
         return jnp.zeros((0,), x.dtype)
-    block = min(block_n or _BLOCK_N[jnp.dtype(rows.dtype)], next_pow2(size))
-    chunks = max(1, min(chunks, pl.cdiv(size, block)))
+    defaults = default_config(x.dtype, uniform)
+    num_warps, num_stages = num_warps or defaults[1], num_stages or defaults[3]
+    block = min(block_n or defaults[0], next_pow2(size))
+    chunks = max(1, min(chunks or defaults[2], pl.cdiv(size, block)))
     kernel = functools.partial(
         _ppoly_eval_kernel, size=size, block_n=block, chunks=chunks, num_pieces=num_pieces,
         degree=degree, uniform=uniform, extrapolate=extrapolate, gather=gather)
