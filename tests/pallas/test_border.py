@@ -1,0 +1,105 @@
+"""Border kernel (interpret on CPU, compiled on a GPU) vs the reference and the dense oracle."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from gpustat.border import BorderBatch, retry_failed, solve_batched_border
+from gpustat.pallas.border import KernelConfig, plan_buckets, solve_border_pallas
+from tests.helpers import KernelTests, assert_close
+from tests.oracles.border_dense import assert_matches_dense
+from tests.oracles.border_fixtures import pcg_system
+from tests.oracles.border_golden import (
+    GOLDEN_RIDGE,
+    failing_d2_atoms,
+    golden_d2_atoms,
+    random_pd_atoms,
+    schur_and_nonfinite_d2_atoms,
+)
+
+# Small tiles: several atoms per program and long atoms streamed over many chunks.
+STREAMING = KernelConfig(tile_elems=1024, max_block_rows=4, max_block_atoms=4)
+
+
+def batch_of(atoms, dtype=np.float64):
+    return BorderBatch.from_atoms(*([np.asarray(x, dtype) for x in xs]
+                                    for xs in zip(*atoms, strict=True)))
+
+
+def assert_same_solution(kernel, reference, rtol):
+    """Status, row exact; values and bumps to ``rtol`` (NaN in the same places)."""
+    np.testing.assert_array_equal(kernel.status, reference.status)
+    np.testing.assert_array_equal(kernel.row, reference.row)
+    for name in ("delta_t", "delta_beta", "log_det", "bump"):
+        assert_close(getattr(kernel, name), getattr(reference, name), rtol=rtol, atol=rtol,
+                     err_msg=name)
+
+
+def test_streaming_plan_covers_both_regimes():
+    layout = batch_of(random_pd_atoms(2)).layout
+    buckets = plan_buckets(layout, STREAMING)
+    assert any(b.block_atoms > 1 for b in buckets)
+    assert any(int(b.chunks.max()) > 1 for b in buckets)
+    lanes = np.concatenate([b.atoms for b in buckets])
+    np.testing.assert_array_equal(np.sort(lanes[lanes >= 0]), np.arange(layout.num_atoms))
+
+
+class TestBorderKernel(KernelTests):
+    @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
+                                        schur_and_nonfinite_d2_atoms])
+    def test_matches_reference_and_dense(self, values):
+        atoms = values()
+        ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
+        batch = batch_of(atoms)
+        got = solve_batched_border(batch, ridge, ridge, backend=self.backend)
+        want = solve_batched_border(batch, ridge, ridge, backend="reference")
+        assert_same_solution(got, want, rtol=1e-12)
+        checked = [a for a in range(3) if int(want.status[a]) != 3]
+        assert_matches_dense(atoms, got, ridge, ridge, only=checked)
+
+    @pytest.mark.parametrize("d", [1, 2, 3, 4])
+    def test_random_pd_batches_match_dense(self, d):
+        atoms = random_pd_atoms(d)
+        sol = solve_batched_border(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE,
+                                   backend=self.backend)
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+
+    def test_streamed_and_packed_tiles_match_dense(self):
+        atoms = random_pd_atoms(2)
+        b = batch_of(atoms)
+        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
+                                  np.full(3, GOLDEN_RIDGE), np.full(3, GOLDEN_RIDGE),
+                                  interpret=self.backend == "interpret", config=STREAMING)
+        sol = type(solve_batched_border(b, 0.0, 0.0, backend="reference"))(*out, layout=b.layout)
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+
+    def test_spec_row_failure_bump_and_retry(self):
+        atom = pcg_system(4, 8, 3, seed=7)
+        H_tt = atom[0].copy()
+        H_tt[2] = -np.eye(8)
+        atoms = [(H_tt, *atom[1:])]
+        batch = batch_of(atoms)
+        sol = solve_batched_border(batch, 0.0, 0.0, backend=self.backend)
+        assert int(sol.status[0]) == 1 and int(sol.row[0]) == 2 and float(sol.bump[0]) > 0
+        fixed, ridge_t, ridge_beta = retry_failed(batch, sol, 0.0, 0.0, backend=self.backend)
+        assert int(fixed.status[0]) == 0
+        assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
+
+    def test_float32_matches_float64_oracle(self):
+        atoms = golden_d2_atoms()
+        sol = solve_batched_border(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE,
+                                   backend=self.backend)
+        assert sol.delta_t.dtype == np.float32
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+
+    def test_vmap_over_ridges(self):
+        batch = batch_of(golden_d2_atoms())
+        ridges = np.array([1e-6, 0.5])
+        stacked = jax.vmap(lambda r: solve_batched_border(batch, r, r, backend=self.backend))(
+            ridges)
+        for i, r in enumerate(ridges):
+            one = solve_batched_border(batch, r, r, backend="reference")
+            assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
+            assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
