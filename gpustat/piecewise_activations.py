@@ -3,7 +3,9 @@
 Each activation is fitted once per (name, P, D, dtype) by
 :func:`gpustat.piecewise_fit.fit_piecewise` (Chebyshev nodes, uniform
 breakpoints) on its domain, with one extra piece on each side holding the
-function's asymptote (e.g. GELU -> 0 on the left and x on the right), which
+function's asymptote. Domains end where the asymptote is within ~4e-8 of the
+function (e.g. 20 e^-20 for SiLU), so the jump onto a tail is below the P = 256
+fit error (e.g. GELU -> 0 on the left and x on the right), which
 "extend" continues to +-inf. The result is an ordinary
 :class:`~gpustat.piecewise.PiecewisePolynomial`: evaluate it with ``pp(x)``.
 """
@@ -36,13 +38,13 @@ class ActivationSpec(NamedTuple):
 
 ACTIVATIONS: dict[str, ActivationSpec] = {
     "gelu": ActivationSpec(lambda x: x * special.ndtr(x), -8.0, 8.0, (0.0,), (1.0, 0.0)),
-    "silu": ActivationSpec(lambda x: x * special.expit(x), -16.0, 16.0, (0.0,), (1.0, 0.0)),
-    "tanh": ActivationSpec(np.tanh, -8.0, 8.0, (-1.0,), (1.0,)),
-    "sigmoid": ActivationSpec(special.expit, -16.0, 16.0, (0.0,), (1.0,)),
+    "silu": ActivationSpec(lambda x: x * special.expit(x), -20.0, 20.0, (0.0,), (1.0, 0.0)),
+    "tanh": ActivationSpec(np.tanh, -9.0, 9.0, (-1.0,), (1.0,)),
+    "sigmoid": ActivationSpec(special.expit, -18.0, 18.0, (0.0,), (1.0,)),
     # exp has no polynomial asymptote on the right: the last piece continues
     # (accurate for x <= 0, e.g. a softmax after subtracting the row maximum).
-    "exp": ActivationSpec(np.exp, -16.0, 0.0, (0.0,), None),
-    "softplus": ActivationSpec(lambda x: np.logaddexp(0.0, x), -16.0, 16.0, (0.0,), (1.0, 0.0)),
+    "exp": ActivationSpec(np.exp, -18.0, 0.0, (0.0,), None),
+    "softplus": ActivationSpec(lambda x: np.logaddexp(0.0, x), -18.0, 18.0, (0.0,), (1.0, 0.0)),
 }
 
 
