@@ -1,0 +1,71 @@
+"""jax-triton backend: Triton-language twins of the hottest Pallas kernels.
+
+``backend="triton"`` runs kernels written directly in the Triton language and
+called through ``jax_triton.triton_call``, a second GPU path that does not
+depend on the (deprecated) Pallas Triton lowering:
+
+* :mod:`gpustat.triton.piecewise`: ``ppoly_eval`` (all dtypes, uniform and
+  searched breakpoints, every extrapolate mode, trailing axes);
+* :mod:`gpustat.triton.factorization`: ``ffm_predict`` and ``fwfm_predict`` scores.
+
+Nothing here imports ``triton`` or ``jax_triton`` until a Triton kernel is
+called: gpustat imports and works without them (``pip install 'gpustat[triton]'``
+adds jax-triton 0.3.1, the line that matches triton 3.6).
+
+``backend="auto"`` on a CUDA GPU takes, per capability and shape class, the
+faster GPU path in the committed benchmarks (``benchmarks/results/*/triton.jsonl``):
+:data:`AUTO_WINNERS` lists the classes where the Triton kernel won; every
+other class keeps the Pallas kernel (``docs/triton.md`` has the table).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import numpy as np
+
+__all__ = [
+    "AUTO_WINNERS",
+    "auto_path",
+    "factorization_shape_class",
+    "piecewise_shape_class",
+    "triton_installed",
+]
+
+# Points above which a piecewise evaluation is a streaming (HBM-bound) call.
+_STREAMING_POINTS = 1 << 22
+
+# (capability, shape class) -> "triton" where the Triton kernel beat the Pallas one
+# in the committed benchmarks; absent classes run the Pallas kernel.
+AUTO_WINNERS: dict[tuple[str, str], str] = {}
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """True when ``triton`` and ``jax_triton`` can be imported (checked without importing)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("triton", "jax_triton"))
+
+
+def piecewise_shape_class(uniform: bool, x_dtype, num_points: int) -> str:
+    """``"<uniform|search>/<x dtype>/<streaming|cached>"`` of a ``ppoly_eval`` call."""
+    size = "streaming" if num_points > _STREAMING_POINTS else "cached"
+    return f"{'uniform' if uniform else 'search'}/{np.dtype(x_dtype).name}/{size}"
+
+
+def factorization_shape_class(model: str, dtype) -> str:
+    """``"<model>/<compute dtype>"`` of an ``ffm_predict``/``fwfm_predict`` call."""
+    return f"{model}/{np.dtype(dtype).name}"
+
+
+def auto_path(path: str, backend: str, capability: str, shape_class: str) -> str:
+    """The path to run once ``resolve_backend`` chose ``path`` for the user's ``backend``.
+
+    Only ``backend="auto"`` that resolved to the Pallas kernel changes: to
+    ``"triton"`` where :data:`AUTO_WINNERS` says the Triton kernel is faster and
+    jax-triton is installed.
+    """
+    if (backend == "auto" and path == "pallas"
+            and AUTO_WINNERS.get((capability, shape_class)) == "triton" and triton_installed()):
+        return "triton"
+    return path

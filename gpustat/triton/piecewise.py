@@ -1,0 +1,245 @@
+"""Triton-language kernel: evaluate a piecewise polynomial at a stream of points.
+
+The jax-triton twin of :mod:`gpustat.pallas.piecewise`, reading the same tables
+(:func:`gpustat.pallas.piecewise.kernel_tables`): Eytzinger-ordered interior
+breakpoints (or the sorted ones on a uniform grid), coefficient rows padded to
+a power-of-two width W, and ``[x_0, x_P, P / (x_P - x_0), 0]``.
+
+Each program owns ``block_n`` consecutive points. x is streamed once (read in
+its own dtype, evicted first) and y written once; the tables (a few KiB) are
+kept in L1/L2 (evicted last). The piece index is found once per point:
+
+* uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
+  comparison with each neighbouring breakpoint makes it exact. The breakpoints
+  ride in the coefficient row (:func:`uniform_rows`), so a point costs one
+  gather (the rare off-by-one lanes read the neighbouring row): gathers from
+  the on-chip caches, not HBM, bound this kernel;
+* otherwise ``node = 2 * node + (key[node] <= x)`` for ceil(log2 P) levels over
+  the Eytzinger tree; the last key passed on the right is the piece's left
+  breakpoint. NaN padding keys compare false; a NaN x ends in piece 0.
+
+Polynomials on shared breakpoints (trailing axes ``t``) reuse that index: the
+kernel loops over them, gathering one W-wide coefficient row (one 16-byte
+vector for a float32 cubic) per point and polynomial, and writes ``y[i, t]``.
+Horner runs in the table's dtype (float32 for 16-bit x) with a restart on a zero
+accumulator (no 0 * inf at +-inf), exactly as the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+from gpustat.pallas._common import next_pow2
+from gpustat.reference.piecewise import EXTRAPOLATE_MODES
+from gpustat.triton._common import CompileCase, launch
+
+__all__ = ["COMPILE_CASES", "ppoly_eval_triton", "uniform_rows"]
+
+# Points per program: 16 per thread at 4 warps in float32, 8 in float64.
+_BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
+# extrapolate mode -> the kernel's MODE constexpr
+_MODE_CODE = {"extend": 0, "nan": 1, "clamp": 2, "periodic": 3}
+
+
+@triton.jit
+def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
+                       SIZE: tl.constexpr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
+                       WIDTH: tl.constexpr, NUM_POLYS: tl.constexpr, LEVELS: tl.constexpr,
+                       UNIFORM: tl.constexpr, MODE: tl.constexpr, INDEX_64: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:  # n * t >= 2^31: output offsets need 64 bits
+        offsets = offsets.to(tl.int64)
+    in_range = offsets < SIZE
+    dtype = rows_ptr.dtype.element_ty
+    x = tl.load(x_ptr + offsets, mask=in_range, other=0, eviction_policy="evict_first")
+    x = x.to(dtype)
+    lo = tl.load(params_ptr)
+    hi = tl.load(params_ptr + 1)
+    if MODE == 2:  # clamp; comparisons keep NaN as NaN
+        x = tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+    if MODE == 3:  # periodic: jnp.mod = fmod (Triton's float %), moved into [0, period)
+        period = hi - lo
+        folded = (x - lo) % period
+        x = lo + tl.where(folded < 0, folded + period, folded)
+
+    cols = tl.arange(0, WIDTH)
+    if UNIFORM:
+        # rows hold [coefficients, 0..., x_i, x_{i+1}]: one gather gives the piece's
+        # coefficients and both neighbouring breakpoints for the exactness check
+        t = tl.floor((x - lo) * tl.load(params_ptr + 2))
+        t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
+        guess = t.to(tl.int32)
+        rows = tl.load(rows_ptr + (guess * WIDTH)[:, None] + cols[None, :],
+                       eviction_policy="evict_last")
+        left = tl.sum(tl.where(cols[None, :] == WIDTH - 2, rows, 0), axis=1)
+        right = tl.sum(tl.where(cols[None, :] == WIDTH - 1, rows, 0), axis=1)
+        up = (guess < NUM_PIECES - 1) & (x >= right)
+        down = (guess > 0) & (x < left)
+        index = guess + up.to(tl.int32) - down.to(tl.int32)
+        moved = up | down  # rare: only lanes off by one read the neighbouring row
+        fixed = tl.load(rows_ptr + (index * WIDTH)[:, None] + cols[None, :],
+                        mask=moved[:, None], other=0)
+        rows = tl.where(moved[:, None], fixed, rows)
+        knot = tl.sum(tl.where(cols[None, :] == WIDTH - 2, rows, 0), axis=1)
+    else:
+        node = tl.full([BLOCK_N], 1, tl.int32)
+        knot = tl.full([BLOCK_N], 0, dtype) + lo
+        for _ in tl.static_range(LEVELS):
+            key = tl.load(keys_ptr + node, eviction_policy="evict_last")
+            go_right = key <= x
+            knot = tl.where(go_right, key, knot)
+            node = 2 * node + go_right.to(tl.int32)
+        index = node - (1 << LEVELS)
+
+    u = x - knot
+    outside = (x < lo) | (x > hi)
+    for poly in range(NUM_POLYS):  # trailing polynomials share the index
+        if UNIFORM and NUM_POLYS == 1:  # the row gathered by the search
+            coeffs = rows
+        else:
+            row = (poly * NUM_PIECES + index) * WIDTH
+            coeffs = tl.load(rows_ptr + row[:, None] + cols[None, :],
+                             eviction_policy="evict_last")
+        # columns of the (block_n, W) tile are picked in registers (each row is one thread's)
+        y = tl.sum(tl.where(cols[None, :] == 0, coeffs, 0), axis=1)
+        for k in tl.static_range(1, DEGREE + 1):
+            c = tl.sum(tl.where(cols[None, :] == k, coeffs, 0), axis=1)
+            y = tl.where(y == 0, c, y * u + c)
+        y = tl.where(u != u, u, y)  # NaN in, NaN out (also for an all-zero piece)
+        if MODE == 1:  # nan outside [x_0, x_P]
+            y = tl.where(outside, float("nan"), y)
+        tl.store(out_ptr + offsets * NUM_POLYS + poly, y.to(out_ptr.dtype.element_ty),
+                 mask=in_range, eviction_policy="evict_first")
+
+
+def _search_levels(num_pieces: int) -> int:
+    """Depth of the Eytzinger tree of the P-1 interior breakpoints (kernel_tables' layout)."""
+    return (num_pieces - 1).bit_length()
+
+
+def uniform_rows(keys: jax.Array, rows: jax.Array, degree: int) -> jax.Array:
+    """(*t, P, W') rows of the uniform path: coefficients, zeros, then x_i and x_{i+1}.
+
+    W' = next_pow2(D + 3): 32 bytes per piece for a float32 cubic.
+    """
+    width = next_pow2(degree + 3)
+    lead = rows.shape[:-1]
+    knots = jnp.stack([keys[:-1], keys[1:]], axis=-1).astype(rows.dtype)
+    return jnp.concatenate([rows[..., : degree + 1],
+                            jnp.zeros((*lead, width - degree - 3), rows.dtype),
+                            jnp.broadcast_to(knots, (*lead, 2))], axis=-1)
+
+
+def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
+              extrapolate: str, uniform: bool, block_n: int | None) -> dict:
+    """The kernel's constexprs for one call."""
+    num_polys = 1
+    for s in rows_shape[:-2]:
+        num_polys *= s
+    block = min(block_n or _BLOCK_N[jnp.dtype(table_dtype)], next_pow2(size))
+    return dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
+                NUM_POLYS=num_polys, LEVELS=_search_levels(num_pieces), UNIFORM=uniform,
+                MODE=_MODE_CODE[extrapolate], INDEX_64=size * num_polys + block >= 2**31,
+                BLOCK_N=block)
+
+
+@functools.cache
+def _batched_launcher(config: tuple):
+    """``(keys, rows, params, x) -> y`` for one static config, with a vmap rule.
+
+    Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
+    flattened points; batched tables (rare) launch once per batch element.
+    """
+    extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps = config
+
+    @jax.custom_batching.custom_vmap
+    def evaluate(keys, rows, params, x):
+        size = x.shape[0]
+        trailing = rows.shape[:-2]
+        if size == 0:
+            return jnp.zeros((0, *trailing), x.dtype)
+        if uniform:
+            rows = uniform_rows(keys, rows, degree)
+        settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
+                             degree=degree, extrapolate=extrapolate, uniform=uniform,
+                             block_n=block_n)
+        y = launch(_ppoly_eval_kernel, (x, keys, rows, params),
+                   jax.ShapeDtypeStruct((size * settings["NUM_POLYS"],), x.dtype),
+                   (triton.cdiv(size, settings["BLOCK_N"]),), num_warps=num_warps,
+                   interpret=interpret, **settings)
+        return y.reshape((size, *trailing))
+
+    @evaluate.def_vmap
+    def _vmap(axis_size, in_batched, keys, rows, params, x):
+        *tables_batched, x_batched = in_batched
+        if not any(tables_batched):
+            x = x if x_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            y = evaluate(keys, rows, params, x.reshape(-1))
+            return y.reshape((axis_size, *x.shape[1:], *y.shape[1:])), True
+        args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for a, b in zip((keys, rows, params, x), in_batched)]
+        return jax.lax.map(lambda a: evaluate(*a), args), True
+
+    return evaluate
+
+
+@functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
+                                             "interpret", "block_n", "num_warps"))
+def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
+                      num_pieces: int, degree: int, extrapolate: str = "extend",
+                      uniform: bool = False, interpret: bool = False, block_n: int | None = None,
+                      num_warps: int = 4) -> jax.Array:
+    """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with the Triton kernel.
+
+    Args:
+        keys, rows, params: from ``kernel_tables`` in the compute dtype (float32
+            or float64); ``rows`` is (*t, P, W) (trailing axes allowed).
+        x: (n,) any floating dtype; read and written in that dtype.
+        num_pieces, degree: P and D of the table.
+        extrapolate: one of "extend", "nan", "clamp", "periodic".
+        uniform: the keys are the sorted breakpoints of a near-uniform grid.
+        interpret: run the kernel in Triton's interpreter on the host (tests).
+        block_n: points per program (power of two); default by dtype.
+        num_warps: warps per program.
+
+    Returns:
+        (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not
+        differentiable by itself (the public ``ppoly_eval`` attaches the JVP).
+    """
+    if extrapolate not in EXTRAPOLATE_MODES:
+        raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
+    if x.ndim != 1:
+        raise ValueError(f"x must be 1-D (n,), got {x.shape=}")
+    config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps)
+    return _batched_launcher(config)(keys, rows, params, x)
+
+
+def _compile_cases() -> tuple[CompileCase, ...]:
+    """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces, n = 5000)."""
+    cases = []
+    for x_dtype, dtype, uniform, extrapolate, polys in [
+        (jnp.float32, jnp.float32, False, "extend", 1),
+        (jnp.float32, jnp.float32, True, "clamp", 1),
+        (jnp.float32, jnp.float32, False, "periodic", 3),
+        (jnp.bfloat16, jnp.float32, True, "nan", 1),
+        (jnp.float16, jnp.float32, False, "extend", 1),
+        (jnp.float64, jnp.float64, False, "nan", 1),
+        (jnp.float64, jnp.float64, True, "periodic", 2),
+    ]:
+        settings = _settings(x_dtype, dtype, 5000, (polys, 256, 8 if uniform else 4),
+                             num_pieces=256, degree=3,
+                             extrapolate=extrapolate, uniform=uniform, block_n=None)
+        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
+                f"{extrapolate},t={polys}]")
+        cases.append(CompileCase(name, _ppoly_eval_kernel, (x_dtype, dtype, dtype, dtype, x_dtype),
+                                 settings, 4))
+    return tuple(cases)
+
+
+COMPILE_CASES = _compile_cases()

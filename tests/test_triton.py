@@ -1,0 +1,389 @@
+"""jax-triton backend: availability errors, lazy imports, "auto" choice, and the Triton
+kernels vs the reference and independent oracles.
+
+On CPU the Triton-language kernels run in Triton's own interpreter (``interpret``
+variant, needs the ``triton`` package) and are compiled for sm_90 by Triton's
+compiler; the ``triton`` variant (gpu-marked) runs them compiled through
+``jax_triton.triton_call`` on a CUDA GPU, also through the public functions.
+"""
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.interpolate import PPoly
+
+import gpustat.triton as gtriton
+from gpustat._backend import BackendUnavailableError
+from gpustat.csr import CSR
+from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
+from gpustat.pallas.piecewise import kernel_tables
+from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
+from gpustat.reference import factorization as fref
+from gpustat.reference.piecewise import ppoly_eval_reference
+from tests.helpers import assert_close, tol
+from tests.oracles import factorization_oracle as oracle
+from tests.oracles.factorization_cases import make_problem
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="the triton package is not installed")
+BACKENDS = [pytest.param("interpret", id="interpret", marks=needs_triton),
+            pytest.param("triton", id="triton", marks=pytest.mark.gpu)]
+
+_reference_eval = jax.jit(ppoly_eval_reference, static_argnames=("extrapolate", "uniform"))
+
+
+# -- availability and imports (CPU CI) --------------------------------------------------------
+
+def _run_python(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_gpustat_never_imports_triton_eagerly():
+    out = _run_python("""
+        import sys
+        import jax.numpy as jnp
+        import gpustat, gpustat.piecewise, gpustat.factorization, gpustat.triton
+        from gpustat.piecewise import PiecewisePolynomial
+        pp = PiecewisePolynomial(jnp.linspace(0.0, 1.0, 5), jnp.ones((4, 4)))
+        pp(jnp.linspace(0.0, 1.0, 7)).block_until_ready()
+        gpustat.factorization.ffm_predict(jnp.eye(3), jnp.zeros(3, int), 0.0, jnp.ones(3),
+                            jnp.ones((3, 1, 2))).block_until_ready()
+        print(sorted(m for m in ("triton", "jax_triton") if m in sys.modules))
+    """)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_gpustat_works_without_triton_installed():
+    out = _run_python("""
+        import sys
+        sys.modules["triton"] = None  # import triton now fails, find_spec says missing
+        sys.modules["jax_triton"] = None
+        import jax.numpy as jnp
+        import gpustat.triton
+        from gpustat._backend import BackendUnavailableError, available_backends
+        from gpustat.piecewise import PiecewisePolynomial
+        pp = PiecewisePolynomial(jnp.linspace(0.0, 1.0, 5), jnp.ones((4, 4)))
+        print(float(pp(jnp.asarray(0.625), backend="auto")), gpustat.triton.triton_installed(),
+              "triton" in available_backends())
+        try:
+            pp(jnp.asarray(0.5), backend="triton")
+        except BackendUnavailableError as err:
+            print("unavailable:", err)
+    """)
+    lines = out.strip().splitlines()
+    assert lines[0] == "1.142578125 False False"  # 1 + u + u^2 + u^3 at u = 1/8
+    assert lines[1].startswith("unavailable:")
+
+
+def _small_pp():
+    return PiecewisePolynomial(jnp.linspace(0.0, 1.0, 5), jnp.ones((4, 4)))
+
+
+def _small_fm_args(model):
+    P = make_problem()
+    V = P.V_ffm if model == "ffm" else P.V
+    args = (P.X, P.field_ids, P.w0, P.w, V) + ((P.R,) if model == "fwfm" else ())
+    return {"ffm": ffm_predict, "fwfm": fwfm_predict}[model], args
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the error of a GPU-less machine")
+def test_triton_backend_without_gpu_names_the_missing_device():
+    with pytest.raises(BackendUnavailableError, match="needs a CUDA GPU"):
+        ppoly_eval(_small_pp(), jnp.ones(3), backend="triton")
+    for model in ("ffm", "fwfm"):
+        fn, args = _small_fm_args(model)
+        with pytest.raises(BackendUnavailableError, match="needs a CUDA GPU"):
+            fn(*args, backend="triton")
+
+
+def test_triton_backend_without_packages_names_them(monkeypatch):
+    import gpustat._backend as backend_module
+
+    monkeypatch.setattr(backend_module, "cuda_gpu_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "jax_triton", None)
+    with pytest.raises(BackendUnavailableError, match="jax_triton"):
+        ppoly_eval(_small_pp(), jnp.ones(3), backend="triton")
+    fn, args = _small_fm_args("fwfm")
+    with pytest.raises(BackendUnavailableError, match=r"gpustat\[triton\]"):
+        fn(*args, backend="triton")
+
+
+def test_fm_has_no_triton_kernel():
+    P = make_problem()
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fm_predict(P.X, P.w0, P.w, P.V, backend="triton")
+
+
+def test_auto_takes_the_benchmark_winner_only_for_auto_on_pallas(monkeypatch):
+    monkeypatch.setitem(gtriton.AUTO_WINNERS, ("piecewise", "search/float32/streaming"), "triton")
+    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
+    shape_class = gtriton.piecewise_shape_class(False, jnp.float32, 1 << 26)
+    assert shape_class == "search/float32/streaming"
+    assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "triton"
+    assert gtriton.auto_path("pallas", "pallas", "piecewise", shape_class) == "pallas"
+    assert gtriton.auto_path("reference", "auto", "piecewise", shape_class) == "reference"
+    other = gtriton.piecewise_shape_class(True, jnp.float32, 1 << 26)
+    assert gtriton.auto_path("pallas", "auto", "piecewise", other) == "pallas"
+    monkeypatch.setattr(gtriton, "triton_installed", lambda: False)
+    assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "pallas"
+
+
+def test_auto_winners_name_known_paths_and_classes():
+    for (capability, shape_class), winner in gtriton.AUTO_WINNERS.items():
+        assert capability in ("piecewise", "factorization") and winner == "triton"
+        assert shape_class.count("/") == (2 if capability == "piecewise" else 1)
+
+
+# -- compile for CUDA on CPU ------------------------------------------------------------------
+
+def _compile_cases():
+    if importlib.util.find_spec("triton") is None:
+        return []
+    from gpustat.triton import factorization, piecewise
+
+    return [*piecewise.COMPILE_CASES, *factorization.COMPILE_CASES]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", _compile_cases(), ids=lambda c: c.name)
+def test_kernel_compiles_for_sm90(case):
+    from gpustat.triton._common import compile_for_cuda
+
+    assert compile_for_cuda(case, capability=90) > 1000  # bytes of cubin
+
+
+# -- piecewise kernel vs reference ------------------------------------------------------------
+
+def _ppoly_case(num_pieces, degree, uniform, trailing=(), size=None, seed=0):
+    rng = np.random.default_rng(seed)
+    bp = (np.linspace(-2.0, 3.0, num_pieces + 1) if uniform
+          else np.sort(rng.uniform(-2.0, 3.0, num_pieces + 1)))
+    c = rng.normal(size=(degree + 1, num_pieces, *trailing))
+    x = np.concatenate([rng.uniform(-5.0, 6.0, 12), bp, np.nextafter(bp, np.inf),
+                        np.nextafter(bp, -np.inf), [np.inf, -np.inf, np.nan]])
+    return bp, c, (x if size is None else np.resize(x, size))
+
+
+def _ppoly_expected(bp, c, x, dtype, mode, uniform):
+    return _reference_eval(jnp.asarray(bp, dtype), jnp.asarray(c, dtype), jnp.asarray(x, dtype),
+                           extrapolate=mode, uniform=uniform)
+
+
+def _check_16bit(got, expected, dtype):
+    """Within 2 units of the 16-bit dtype's precision of the float32 reference (rounded)."""
+    got = np.asarray(got, np.float64)
+    rounded = np.asarray(jnp.asarray(expected, jnp.float32).astype(dtype), np.float64)
+    spacing = float(jnp.finfo(dtype).eps) * np.maximum(np.abs(rounded), 1e-2)
+    close = np.abs(got - rounded) <= 2 * spacing + 4e-7
+    assert np.all(close | (np.isnan(got) & np.isnan(rounded)) | (got == rounded))
+
+
+class TestPiecewiseTritonKernel:
+    @pytest.fixture(autouse=True, params=BACKENDS)
+    def _backend(self, request):
+        self.interpret = request.param == "interpret"
+
+    def run(self, bp, c, x, dtype, mode, uniform, **settings):
+        keys, rows, params = kernel_tables(np.asarray(bp, dtype), np.asarray(c, dtype), uniform)
+        return gtriton_piecewise().ppoly_eval_triton(
+            jnp.asarray(keys), jnp.asarray(rows), jnp.asarray(params), x,
+            num_pieces=c.shape[1], degree=c.shape[0] - 1, extrapolate=mode, uniform=uniform,
+            interpret=self.interpret, **settings)
+
+    @pytest.mark.parametrize("uniform", [False, True], ids=["search", "uniform"])
+    @pytest.mark.parametrize("mode", ["extend", "nan", "clamp", "periodic"])
+    def test_modes_float64_equal_scipy_and_reference(self, mode, uniform):
+        bp, c, x = _ppoly_case(7, 3, uniform, seed=1)
+        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float64, mode, uniform, block_n=32))
+        expected = _ppoly_expected(bp, c, x, jnp.float64, mode, uniform)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+        # independent oracle at the random points inside [x_0, x_P) (all modes agree with
+        # scipy there; next to a breakpoint periodic folding may round onto it)
+        inside = (x >= bp[0]) & (x < bp[-1]) & (np.arange(x.shape[0]) < 12)
+        assert_close(got[inside], PPoly(c, bp)(x[inside]), rtol=1e-12, atol=1e-12)
+
+    @pytest.mark.parametrize("num_pieces, degree, size, block_n, uniform", [
+        (1, 0, 1, None, False),  # one piece, a constant, one point
+        (2, 1, 70, 32, True),  # three programs, ragged last block
+        (256, 3, 90, 64, False),  # the benchmark's table: 8-level search
+    ])
+    def test_sizes_and_degrees(self, num_pieces, degree, size, block_n, uniform):
+        bp, c, x = _ppoly_case(num_pieces, degree, uniform, size=size, seed=2)
+        got = self.run(bp, c, jnp.asarray(x), np.float64, "extend", uniform, block_n=block_n)
+        expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+    def test_trailing_axes_share_one_search(self):
+        bp, c, x = _ppoly_case(5, 2, False, trailing=(2, 3), seed=3)
+        got = self.run(bp, c, jnp.asarray(x), np.float64, "clamp", False, block_n=16)
+        assert got.shape == (x.shape[0], 2, 3)
+        expected = _ppoly_expected(bp, c, x, jnp.float64, "clamp", False)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+    def test_float32_and_16bit_inputs(self, dtype):
+        bp, c, x = _ppoly_case(9, 3, dtype == "float16", seed=4)
+        x = jnp.asarray(np.nan_to_num(x, nan=0.5, posinf=5.0, neginf=-5.0), dtype)
+        got = self.run(bp, c, x, np.float32, "nan", dtype == "float16", block_n=32)
+        assert got.dtype == x.dtype
+        expected = _ppoly_expected(bp, c, np.asarray(x, np.float32), jnp.float32, "nan",
+                                   dtype == "float16")
+        if dtype == "float32":
+            terms = np.sum(np.abs(c)) * 3.0 ** 3  # scale of the Horner terms (|u| <= 3)
+            assert_close(got, expected, rtol=tol(np.float32, "kernel"),
+                         atol=tol(np.float32, "kernel") * terms)
+        else:
+            _check_16bit(got, expected, dtype)
+
+    def test_jit_and_vmap(self):
+        bp, c, x = _ppoly_case(6, 3, True, size=24, seed=5)
+        xs = jnp.asarray(x.reshape(2, 12))
+        batched = jax.jit(jax.vmap(
+            lambda v: self.run(bp, c, v, np.float64, "extend", True, block_n=16)))(xs)
+        expected = _ppoly_expected(bp, c, xs, jnp.float64, "extend", True)
+        assert_close(batched, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+        # tables batched too (one launch per polynomial)
+        keys, rows, params = kernel_tables(bp, c, True)
+        two = jax.vmap(lambda r, v: gtriton_piecewise().ppoly_eval_triton(
+            jnp.asarray(keys), r, jnp.asarray(params), v, num_pieces=6, degree=3,
+            uniform=True, interpret=self.interpret, block_n=16))(
+            jnp.stack([jnp.asarray(rows), 2 * jnp.asarray(rows)]), xs)
+        assert_close(two[1], 2 * expected[1], rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+
+def gtriton_piecewise():
+    from gpustat.triton import piecewise
+
+    return piecewise
+
+
+# -- FFM / FwFM kernels vs the reference and the brute-force oracle ---------------------------
+
+def _fm_problem(model, dtype, seed=0, row_lengths=None):
+    P = make_problem(seed) if row_lengths is None else make_problem(seed, row_lengths, p=40)
+    X = CSR.from_scipy(P.X, dtype=dtype)
+    V = P.V_ffm if model == "ffm" else P.V
+    params = [jnp.asarray(P.field_ids), jnp.asarray(P.w0, dtype), jnp.asarray(P.w, dtype),
+              jnp.asarray(V, dtype)] + ([jnp.asarray(P.R, dtype)] if model == "fwfm" else [])
+    return P, X, params
+
+
+def _fm_oracle(model, P):
+    if model == "ffm":
+        return oracle.ffm_scores(P.X, P.field_ids, P.w0, P.w, P.V_ffm)
+    return oracle.fwfm_scores(P.X, P.field_ids, P.w0, P.w, P.V, P.R)
+
+
+def _fm_reference(model, X, params):
+    return (fref.ffm_scores if model == "ffm" else fref.fwfm_scores)(X, *params)
+
+
+class TestFactorizationTritonKernels:
+    @pytest.fixture(autouse=True, params=BACKENDS)
+    def _backend(self, request):
+        self.interpret = request.param == "interpret"
+
+    def scores(self, model, X, params, **settings):
+        from gpustat.triton import factorization
+
+        fn = factorization.ffm_scores if model == "ffm" else factorization.fwfm_scores
+        return fn(X, *params, interpret=self.interpret, **settings)
+
+    @pytest.mark.parametrize("model", ["ffm", "fwfm"])
+    def test_float64_equals_oracle_and_reference(self, model):
+        # ragged buckets of width 1, 4, 8; empty rows; same-field pairs; a duplicate summed
+        P, X, params = _fm_problem(model, np.float64)
+        got = np.asarray(self.scores(model, X, params))
+        assert_close(got, _fm_oracle(model, P), rtol=1e-10, atol=1e-10)
+        assert_close(got, _fm_reference(model, X, params), rtol=tol(np.float64, "kernel"),
+                     atol=1e-12)
+
+    @pytest.mark.parametrize("model", ["ffm", "fwfm"])
+    def test_long_rows_several_pair_steps_and_explicit_zeros(self, model):
+        # widths 16 and 32 with block_p = 16: a row walks many pair steps; zeros skipped
+        _, X, params = _fm_problem(model, np.float64, seed=1, row_lengths=(17, 30, 9, 0, 25))
+        data = X.data.at[jnp.asarray([0, 20, 40])].set(0.0)
+        X = X.with_data(data)
+        got = self.scores(model, X, params, block_p=16, block_rows=2)
+        assert_close(got, _fm_reference(model, X, params), rtol=tol(np.float64, "kernel"),
+                     atol=1e-12)
+
+    @pytest.mark.parametrize("data_dtype", ["float32", "bfloat16"])
+    def test_float32_and_16bit_values(self, data_dtype):
+        P, X, params = _fm_problem("ffm", np.float64)
+        X = CSR.from_scipy(P.X, dtype=jnp.dtype(data_dtype))
+        params32 = [params[0]] + [a.astype(jnp.float32) for a in params[1:]]
+        got = self.scores("ffm", X, params32)
+        assert got.dtype == jnp.float32
+        expected = _fm_reference("ffm", X, [params[0]] + [a.astype(jnp.float64)
+                                                          for a in params[1:]])
+        assert_close(got, expected, rtol=20 * tol(np.float32, "kernel"), atol=1e-5)
+
+    def test_multiclass_vmap_and_jit(self):
+        _, X, params = _fm_problem("fwfm", np.float64)
+        field_ids, w0, w, V, R = params
+        stacked = (jnp.stack([w0, w0 + 1]), jnp.stack([w, -w]), jnp.stack([V, 2 * V]),
+                   jnp.stack([R, R.T]))
+        got = jax.jit(jax.vmap(lambda *a: self.scores("fwfm", X, [field_ids, *a])))(*stacked)
+        for c in range(2):
+            expected = _fm_reference("fwfm", X, [field_ids, *(a[c] for a in stacked)])
+            assert_close(got[c], expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+
+# -- the public functions with backend="triton" (GPU) -----------------------------------------
+
+@pytest.mark.gpu
+class TestPublicTritonBackend:
+    @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+    @pytest.mark.parametrize("uniform", [False, True], ids=["search", "uniform"])
+    def test_ppoly_eval_equals_reference(self, dtype, uniform):
+        bp, c, x = _ppoly_case(256, 3, uniform, size=100_003, seed=6)
+        table = np.float64 if dtype == "float64" else np.float32
+        pp = PiecewisePolynomial(bp.astype(table), c.astype(table), extrapolate="nan")
+        xs = jnp.asarray(np.nan_to_num(x, nan=0.5, posinf=5.0, neginf=-5.0), dtype)
+        got = ppoly_eval(pp, xs, backend="triton")
+        expected = ppoly_eval(pp, xs, backend="reference")
+        assert got.dtype == xs.dtype
+        if dtype in ("float64", "float32"):
+            terms = np.sum(np.abs(c), axis=0).max() * 3.0 ** 3
+            assert_close(got, expected, rtol=tol(dtype, "kernel"),
+                         atol=tol(dtype, "kernel") * terms)
+        else:
+            _check_16bit(got, ppoly_eval(pp, xs.astype(jnp.float32), backend="reference"),
+                         dtype)
+
+    def test_ppoly_eval_trailing_grad_jit_vmap(self):
+        bp, c, x = _ppoly_case(16, 3, False, trailing=(3,), size=64, seed=7)
+        pp = PiecewisePolynomial(bp, c, extrapolate="clamp")
+        xs = jnp.asarray(np.nan_to_num(x, nan=0.5, posinf=5.0, neginf=-5.0).reshape(8, 8))
+        expected = ppoly_eval(pp, xs, backend="reference")
+        jitted = jax.jit(lambda p, v: ppoly_eval(p, v, backend="triton"))(pp, xs)
+        assert_close(jitted, expected, rtol=1e-12, atol=1e-12)
+        mapped = jax.vmap(lambda v: ppoly_eval(pp, v, backend="triton"))(xs)
+        assert_close(mapped, expected, rtol=1e-12, atol=1e-12)
+        grad = jax.grad(lambda v: ppoly_eval(pp, v, backend="triton").sum())(xs)
+        assert_close(grad, jax.grad(lambda v: ppoly_eval(pp, v, backend="reference").sum())(xs),
+                     rtol=1e-12, atol=1e-12)
+
+    @pytest.mark.parametrize("model", ["ffm", "fwfm"])
+    def test_predict_equals_reference_with_grad(self, model):
+        fn, args = _small_fm_args(model)
+        got = fn(*args, backend="triton")
+        assert_close(got, fn(*args, backend="reference"), rtol=1e-12, atol=1e-12)
+        X = CSR.from_scipy(args[0])
+
+        def loss(w, backend):
+            return fn(X, args[1], args[2], w, *args[4:], backend=backend).sum()
+
+        w = jnp.asarray(args[3])
+        assert_close(jax.jit(jax.grad(loss), static_argnums=1)(w, "triton"),
+                     jax.grad(loss)(w, "reference"), rtol=1e-12, atol=1e-12)
