@@ -20,6 +20,10 @@ from gpustat._backend import BackendUnavailableError as BackendUnavailableError 
 from gpustat._backend import available_backends as available_backends  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
+from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
+from gpustat.piecewise import ppoly_eval as ppoly_eval  # noqa: E402
+from gpustat.piecewise_activations import activation as activation  # noqa: E402
+from gpustat.piecewise_fit import fit_piecewise as fit_piecewise  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -27,8 +31,12 @@ __all__ = [
     "BackendUnavailableError",
     "GaussianMixture",
     "MixtureParams",
+    "PiecewisePolynomial",
+    "activation",
     "available_backends",
+    "fit_piecewise",
     "mixture",
     "numerics",
+    "ppoly_eval",
     "testing",
 ]
