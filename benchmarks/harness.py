@@ -62,27 +62,42 @@ def default_out_dir() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """Per-call times in milliseconds."""
+    """Per-call times in milliseconds over ``repeats`` repetitions of ``calls`` calls."""
 
     median_ms: float
     p10_ms: float
     p90_ms: float
     repeats: int
+    calls: int = 1
+
+
+# Back-to-back calls per repetition are chosen so one repetition lasts at least this
+# long: the host's dispatch and synchronisation latency (~10-50 us) then stays out
+# of per-call times, for kernels and for the copy ceiling alike.
+_MIN_REPEAT_MS = 2.0
+_MAX_CALLS_PER_REPEAT = 50
 
 
 def time_fn(fn: Callable, arg_sets: Sequence[tuple], *, repeats: int = MIN_REPEATS,
-            warmup: int = 3, calls_per_repeat: int = 1) -> Timing:
+            warmup: int = 3, calls_per_repeat: int | None = None) -> Timing:
     """Median wall time of ``fn(*args)`` per call, rotating through ``arg_sets``.
 
-    ``calls_per_repeat > 1`` issues that many calls back to back (rotating inputs)
-    and blocks once, so per-call dispatch overhead is amortised as in a jitted
-    pipeline; the recorded time is the batch time divided by the call count.
+    Each repetition issues ``calls_per_repeat`` calls back to back (rotating
+    inputs) and blocks once; the recorded time is the repetition's time divided
+    by its call count, as in a jitted pipeline. ``None`` picks the count from one
+    timed call: enough calls for ``_MIN_REPEAT_MS``, at most ``_MAX_CALLS_PER_REPEAT``.
     """
     if repeats < MIN_REPEATS:
         raise ValueError(f"the benchmarks contract needs >= {MIN_REPEATS} repeats, got {repeats=}")
     arg_sets = list(arg_sets)
     for i in range(warmup):
         jax.block_until_ready(fn(*arg_sets[i % len(arg_sets)]))
+    if calls_per_repeat is None:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*arg_sets[0]))
+        once_ms = (time.perf_counter() - start) * 1e3
+        calls_per_repeat = int(min(max(np.ceil(_MIN_REPEAT_MS / max(once_ms, 1e-3)), 1),
+                                   _MAX_CALLS_PER_REPEAT))
     times = []
     k = 0
     for _ in range(repeats):
@@ -95,7 +110,7 @@ def time_fn(fn: Callable, arg_sets: Sequence[tuple], *, repeats: int = MIN_REPEA
         times.append((time.perf_counter() - start) * 1e3 / calls_per_repeat)
     t = np.asarray(times)
     return Timing(float(np.median(t)), float(np.percentile(t, 10)),
-                  float(np.percentile(t, 90)), repeats)
+                  float(np.percentile(t, 90)), repeats, calls_per_repeat)
 
 
 def rotating_copies(make: Callable[[int], tuple], bytes_per_set: int,
@@ -112,13 +127,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = MIN_REPEATS) -> flo
     """Device-to-device bandwidth (bytes read + written per second, in GB/s).
 
     Times a jitted ``2 * x`` over a float32 array of ``nbytes``: one read and one
-    write of every byte, the ceiling any streaming kernel is held to. Ten calls
-    per repetition amortise the host's dispatch and synchronisation latency.
+    write of every byte, the ceiling any streaming kernel is held to, timed by
+    :func:`time_fn` like every kernel.
     """
     n = nbytes // 4
     x = jnp.arange(n, dtype=jnp.float32)
     scale = jax.jit(lambda v: v * 2.0)
-    timing = time_fn(scale, [(x,)], repeats=repeats, calls_per_repeat=10)
+    timing = time_fn(scale, [(x,)], repeats=repeats)
     return 2 * n * 4 / (timing.median_ms * 1e-3) / 1e9
 
 
@@ -175,7 +190,7 @@ class Recorder:
         }
         if timing is not None:
             row.update(median_ms=timing.median_ms, p10_ms=timing.p10_ms, p90_ms=timing.p90_ms,
-                       repeats=timing.repeats)
+                       repeats=timing.repeats, calls_per_repeat=timing.calls)
             seconds = timing.median_ms * 1e-3
             if bytes_moved is not None:
                 row["gbs"] = bytes_moved / seconds / 1e9
