@@ -156,25 +156,31 @@ def _next_pow2(n: np.ndarray) -> np.ndarray:
 
 
 def _bucket_indices(layout: BorderLayout, atoms: np.ndarray, n_pad: int, k_pad: int):
-    """Packed indices of the padded per-atom tiles of ``atoms`` (out of range where padded)."""
+    """Packed indices of the padded per-atom tiles of ``atoms`` (out of range where padded).
+
+    Built on the device from per-atom offsets, so only ``O(len(atoms))`` constants enter
+    the compiled program.
+    """
     d = layout.d
-    n = layout.n_rows[atoms][:, None]
-    k = layout.k_dims[atoms][:, None, None, None]
-    i = np.arange(n_pad)[None, :]
-    rows = np.where(i < n, layout.row_offsets[atoms][:, None] + i, layout.num_rows)
-    r = np.arange(d)[None, None, :, None]
-    c = np.arange(k_pad)[None, None, None, :]
-    cross = layout.cross_offsets[atoms][:, None, None, None] + (i[..., None, None] * d + r) * k + c
-    cross = np.where((i[..., None, None] < n[..., None, None]) & (c < k), cross,
-                     layout.cross_offsets[-1])
-    kb = layout.k_dims[atoms][:, None, None]
-    a, b = np.arange(k_pad)[None, :, None], np.arange(k_pad)[None, None, :]
-    hbb = np.where((a < kb) & (b < kb), layout.hbb_offsets[atoms][:, None, None] + a * kb + b,
-                   layout.hbb_offsets[-1])
-    kv = layout.k_dims[atoms][:, None]
-    border = np.where(np.arange(k_pad)[None, :] < kv,
-                      layout.border_offsets[atoms][:, None] + np.arange(k_pad)[None, :],
-                      layout.border_offsets[-1])
+    per_atom = lambda x: jnp.asarray(x[atoms])  # noqa: E731
+    n = per_atom(layout.n_rows)[:, None]
+    k = per_atom(layout.k_dims)[:, None, None, None]
+    i = jnp.arange(n_pad)[None, :]
+    rows = jnp.where(i < n, per_atom(layout.row_offsets)[:, None] + i, layout.num_rows)
+    r = jnp.arange(d)[None, None, :, None]
+    c = jnp.arange(k_pad)[None, None, None, :]
+    cross = (per_atom(layout.cross_offsets)[:, None, None, None]
+             + (i[..., None, None] * d + r) * k + c)
+    cross = jnp.where((i[..., None, None] < n[..., None, None]) & (c < k), cross,
+                      int(layout.cross_offsets[-1]))
+    kb = k[:, :, 0]
+    a, b = jnp.arange(k_pad)[None, :, None], jnp.arange(k_pad)[None, None, :]
+    hbb = jnp.where((a < kb) & (b < kb), per_atom(layout.hbb_offsets)[:, None, None] + a * kb + b,
+                    int(layout.hbb_offsets[-1]))
+    kv = kb[:, :, 0]
+    ck = jnp.arange(k_pad)[None, :]
+    border = jnp.where(ck < kv, per_atom(layout.border_offsets)[:, None] + ck,
+                       int(layout.border_offsets[-1]))
     return rows, cross, hbb, border
 
 
