@@ -50,7 +50,7 @@ __all__ = [
     "joint_gradient",
     "joint_hvp",
     "row_derivatives",
-    "second_jet_matrix",
+    "second_jet_functionals",
 ]
 
 KAPPA = 1.0 / (2.0 * math.pi)
@@ -140,9 +140,12 @@ def _gauss_legendre_moments(lo, hi, c, order):
     z = mid + half * jnp.asarray(nodes, dtype=c.dtype)
     eta = c[0] + z * (c[1] + z * (c[2] + z * c[3]))
     qz = 0.5 * (z * z + eta * eta)
-    wz = half * jnp.asarray(weights, dtype=c.dtype) * jnp.exp(-qz)
-    powers = z[None, :] ** jnp.arange(order + 1, dtype=c.dtype)[:, None]
-    return powers @ wz, jnp.all(jnp.isfinite(qz))
+    term = half * jnp.asarray(weights, dtype=c.dtype) * jnp.exp(-qz)
+    moments = []
+    for _ in range(order + 1):
+        moments.append(jnp.sum(term))
+        term = term * z
+    return jnp.stack(moments), jnp.all(jnp.isfinite(qz))
 
 
 def _one_cell_moments(lo, hi, c, order):
@@ -189,32 +192,33 @@ def cell_moments(lo, hi, c, *, order: int = DEFAULT_ORDER):
 # ----------------------------------------------------------------------------- Stage 2
 
 
-def second_jet_matrix(jet_a, jet_b):
-    """The cell's symmetric (r, r, 4) matrix U of second jets (slot 0 stands for a).
+def second_jet_functionals(d_a, d_b):
+    """The symmetric (r, r) matrix D(U_uv) of a cell's second jets (slot 0 stands for a).
 
-    ``jet_a`` (r, 4): U[0,0] = ∂²η/∂a², U[0,u] = U[u,0] = ∂²η/∂a∂θ_u;
-    ``jet_b`` (r-1, 4): U[1,u] = U[u,1] = ∂²η/∂b∂θ_u for u >= 1 (S_bb, S_{bh_j}, S_{bw_j});
-    every other entry is 0 (η is linear in β_h, β_w and q does not enter it).
+    ``d_a`` (r,): D(∂²η/∂a²), D(∂²η/∂a∂θ_u) fill row and column 0; ``d_b`` (r-1,):
+    D(∂²η/∂b∂θ_u), u >= 1 (S_bb, S_{bh_j}, S_{bw_j}), fill row and column 1; every
+    other entry is 0 (η is linear in β_h, β_w and q does not enter it).
     """
-    r = jet_a.shape[0]
-    u = jnp.zeros((r, r, 4), jet_a.dtype)
-    u = u.at[0, :].set(jet_a).at[:, 0].set(jet_a)
-    return u.at[1, 1:].set(jet_b).at[1:, 1].set(jet_b)
+    r = d_a.shape[0]
+    u = jnp.zeros((r, r), d_a.dtype)
+    u = u.at[0, :].set(d_a).at[:, 0].set(d_a)
+    return u.at[1, 1:].set(d_b).at[1:, 1].set(d_b)
 
 
 def cell_functionals(c, m, jet, jet_a, jet_b):
     """First- and second-derivative functionals of one cell (slot 0 = a, u = θ_u).
 
     With E = ``jet`` = [A; R_1; …; R_{r-1}] (r, 4), the Hankel matrix M_pq = T_{p+q},
-    T_n = κ Σ_e C_e m_{e+n} and U = :func:`second_jet_matrix`:
+    T_n = κ Σ_e C_e m_{e+n} and the second jets U (``jet_a``: row 0, ``jet_b``: row 1):
 
         first[u]     = D(E_u)                  = κ Σ_k E_uk m_k
         second[u, v] = H(E_u, E_v, U_uv)       = D(U_uv) - Σ_pq E_up E_vq T_{p+q}
     """
     t = KAPPA * jnp.stack([c @ m[n:n + 4] for n in range(7)])
     hankel = t[jnp.arange(4)[:, None] + jnp.arange(4)[None, :]]
-    first = KAPPA * (jet @ m[:4])
-    second = KAPPA * (second_jet_matrix(jet_a, jet_b) @ m[:4]) - jet @ hankel @ jet.T
+    km = KAPPA * m[:4]
+    first = jet @ km
+    second = second_jet_functionals(jet_a @ km, jet_b @ km) - jet @ hankel @ jet.T
     return first, second
 
 

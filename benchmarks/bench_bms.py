@@ -1,0 +1,210 @@
+"""BMS FLEX benchmarks at the production shape: n = 195,000 rows, r = 20 (p_h = 10, p_w = 8),
+p_total = 44 (p_m = 14, p_g = 12), about 23 cells per row, float64.
+
+Rows come from :func:`gpustat.bms.build_rows` on 1,024 random rows (real calibrated
+cells and jets), tiled to n on the device. Cases, each after a correctness check at
+the same size:
+
+* Stage 1 ``cell_moments`` and Stage 2 ``row_derivatives``: the Pallas kernel vs the
+  XLA-compiled vmapped reference (``jax.jit`` of :mod:`gpustat.reference.bms`). The
+  reference materialises per-cell (r, r) and (384,) intermediates, so it runs in
+  ``REFERENCE_CHUNKS`` consecutive calls over slices of the cells/rows (same total
+  work, memory / 4); the timing covers all chunks.
+* ``joint_hvp`` with resident row Hessians: fraction of the copy bandwidth measured in
+  the same run (it reads n r² doubles plus the designs), 1 direction and 8 directions
+  (vs 8 single HVPs), and the XLA reference.
+* ``joint_diagonal`` and ``joint_dense``: kernel vs XLA reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
+from gpustat import bms
+from gpustat.pallas import bms as kernels
+from gpustat.reference import bms as reference
+
+N_ROWS = 195_000
+P_M, P_G = 14, 12
+SEED_ROWS = 1024
+REFERENCE_CHUNKS = 4
+
+
+def _seed_rows(rng):
+    score = bms.flat_cubic_basis(np.linspace(-3.0, 3.0, 12))     # p_h = 10
+    link = bms.flat_cubic_basis(np.linspace(-4.0, 4.0, 10))      # p_w = 8
+    n = SEED_ROWS
+    return bms.build_rows(
+        rng.normal(size=n) * 0.7, 0.4 + rng.random(n), rng.normal(size=10) * 0.2,
+        rng.normal(size=8) * 0.15, score, link, rng.normal(size=n), rng.integers(0, 2, n),
+        0.5 + rng.random(n), 0.9, backend="reference")
+
+
+def _tile_rows(rows: bms.BmsRows, n: int) -> bms.BmsRows:
+    """The first n rows of the seed rows repeated (cells follow their rows)."""
+    reps = -(-n // rows.n)
+    counts = jnp.tile(jnp.diff(rows.cell_offsets), reps)[:n]
+    offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
+    n_cells = int(offsets[-1])
+    fields = {}
+    for name in ("q", "b", "a", "z_obs", "y", "w", "mu_1", "mu_2", "e_obs", "chi", "xi", "rho",
+                 "tau", "r_uv"):
+        v = getattr(rows, name)
+        fields[name] = jnp.tile(v, (reps,) + (1,) * (v.ndim - 1))[:n]
+    for name in ("cell_lo", "cell_hi", "cell_c", "cell_jet", "cell_jet_a", "cell_jet_b",
+                 "cell_moments", "cell_status"):
+        v = getattr(rows, name)
+        fields[name] = jnp.tile(v, (reps,) + (1,) * (v.ndim - 1))[:n_cells]
+    return bms.BmsRows(**fields, cell_offsets=offsets, s_f=rows.s_f, p_h=rows.p_h, p_w=rows.p_w)
+
+
+def _stage2_args(rows: bms.BmsRows):
+    return (rows.cell_offsets, rows.cell_c, rows.cell_moments[:, :10], rows.cell_status,
+            rows.cell_jet, rows.cell_jet_a, rows.cell_jet_b, rows.mu_1, rows.mu_2, rows.e_obs,
+            rows.chi, rows.xi, rows.rho, rows.tau, rows.r_uv, rows.y, rows.w)
+
+
+def _row_chunks(rows: bms.BmsRows, chunks: int):
+    """Stage-2 argument tuples of consecutive row slices (offsets rebased)."""
+    off = np.asarray(rows.cell_offsets)
+    bounds = np.linspace(0, rows.n, chunks + 1).astype(int)
+    out = []
+    for i0, i1 in itertools.pairwise(bounds):
+        c0, c1 = int(off[i0]), int(off[i1])
+        args = list(_stage2_args(rows))
+        args[0] = rows.cell_offsets[i0:i1 + 1] - c0
+        for k in range(1, 7):
+            args[k] = args[k][c0:c1]
+        for k in range(7, 17):
+            args[k] = args[k][i0:i1]
+        out.append(tuple(args))
+    return out
+
+
+def run(quick: bool, out) -> None:
+    rec = Recorder("bms", out)
+    copy_gbs = rec.measure_copy()
+    rng = np.random.default_rng(0)
+    rows = _tile_rows(_seed_rows(rng), N_ROWS)
+    n, r, n_cells = rows.n, rows.r, rows.n_cells
+    shape = (n, r, n_cells)
+    print(f"[bms] n={n} r={r} cells={n_cells} ({n_cells / n:.1f}/row) copy={copy_gbs:.0f} GB/s",
+          flush=True)
+
+    # ---------------------------------------------------------------- Stage 1
+    lo, hi, c = rows.cell_lo, rows.cell_hi, rows.cell_c
+    stage1 = jax.jit(lambda lo, hi, c: kernels.cell_moments(lo, hi, c))
+    ref1 = jax.jit(reference.cell_moments)
+    bounds = np.linspace(0, n_cells, REFERENCE_CHUNKS + 1).astype(int)
+    cell_chunks = [(lo[a:b], hi[a:b], c[a:b]) for a, b in itertools.pairwise(bounds)]
+    got_m, got_s = stage1(lo, hi, c)
+    want = [ref1(*chunk) for chunk in cell_chunks]
+    want_m = jnp.concatenate([w[0] for w in want])
+    scale = jnp.max(jnp.abs(want_m), axis=1, keepdims=True)
+    err1 = float(jnp.max(jnp.abs(got_m - want_m) / scale))
+    assert err1 < 1e-12 and bool(jnp.all(got_s == jnp.concatenate([w[1] for w in want]))), err1
+    t_k1 = time_fn(stage1, [(lo, hi, c)])
+    t_r1 = time_fn(lambda: [ref1(*chunk) for chunk in cell_chunks], [()])
+    rec.record("stage1_cell_moments", shape=(n_cells, 10), dtype="float64", backend="pallas",
+               timing=t_k1, items=n_cells, item_name="cells", baseline="stage1_xla_reference",
+               extra={"speedup_vs_xla": t_r1.median_ms / t_k1.median_ms,
+                      "max_rel_err_vs_reference": err1, "gl_nodes": 384})
+    rec.record("stage1_xla_reference", shape=(n_cells, 10), dtype="float64", backend="xla",
+               timing=t_r1, items=n_cells, item_name="cells",
+               extra={"chunks": REFERENCE_CHUNKS})
+
+    # ---------------------------------------------------------------- Stage 2
+    args = _stage2_args(rows)
+    ref2 = jax.jit(reference.row_derivatives)
+    chunks = _row_chunks(rows, REFERENCE_CHUNKS)
+    want = [ref2(*chunk) for chunk in chunks]
+    want = [jnp.concatenate([w[k] for w in want]) for k in range(4)]
+    configs = [(4, 4)] if quick else [(4, 4), (8, 8), (2, 4), (4, 8)]
+    best = None
+    for block_rows, num_warps in configs:
+        stage2 = jax.jit(lambda *a, br=block_rows, nw=num_warps: kernels.row_derivatives(
+            *a, block_rows=br, num_warps=nw))
+        got = stage2(*args)
+        errs = [check_close(f"stage2 {name}", got[k], want[k], rtol=1e-10,
+                            atol=1e-12 * float(jnp.nanmax(jnp.abs(want[k]))))
+                for k, name in enumerate(("neglog", "grad", "hess"))]
+        assert bool(jnp.all(got[3] == want[3]))
+        assert bool(jnp.all(got[2] == jnp.swapaxes(got[2], 1, 2))), "hessian not bitwise symmetric"
+        t_k2 = time_fn(stage2, [args])
+        if best is None or t_k2.median_ms < best[0].median_ms:
+            best = (t_k2, block_rows, num_warps, max(errs))
+    t_r2 = time_fn(lambda: [ref2(*chunk) for chunk in chunks], [()])
+    t_k2, block_rows, num_warps, err2 = best
+    stage2_bytes = sum(a.size * a.dtype.itemsize for a in args) + n * (r * r + r + 2) * 8
+    rec.record("stage2_row_derivatives", shape=shape, dtype="float64", backend="pallas",
+               timing=t_k2, items=n, item_name="rows", bytes_moved=stage2_bytes,
+               baseline="stage2_xla_reference",
+               extra={"speedup_vs_xla": t_r2.median_ms / t_k2.median_ms,
+                      "max_rel_err_vs_reference": err2, "block_rows": block_rows,
+                      "num_warps": num_warps, "configs_tried": configs})
+    rec.record("stage2_xla_reference", shape=shape, dtype="float64", backend="xla",
+               timing=t_r2, items=n, item_name="rows", extra={"chunks": REFERENCE_CHUNKS})
+
+    # ---------------------------------------------------------------- joint operators
+    hess = want[2]
+    x = jnp.asarray(rng.normal(size=(n, P_M)))
+    g = jnp.asarray(rng.normal(size=(n, P_G)))
+    p_total = P_M + P_G + r - 2
+    v8 = jnp.asarray(rng.normal(size=(8, p_total)))
+    dense_ref = jax.jit(reference.joint_dense)(hess, x, g)
+    dscale = float(jnp.max(jnp.abs(dense_ref)))
+    hvp_bytes = (hess.size + x.size + g.size) * 8
+    ref_hvp = jax.jit(reference.joint_hvp)
+    t_ref_hvp = time_fn(ref_hvp, [(hess, x, g, v8[:1])])
+    hvp_configs = [(8, 8)] if quick else [(8, 8), (16, 8), (8, 4), (4, 4)]
+    best = None
+    for block_rows, num_warps in hvp_configs:
+        hvp = jax.jit(lambda h, x, g, v, br=block_rows, nw=num_warps: kernels.joint_hvp(
+            h, x, g, v, block_rows=br, num_warps=nw))
+        check_close("hvp8", hvp(hess, x, g, v8), v8 @ dense_ref.T, rtol=1e-10,
+                    atol=1e-12 * dscale * float(jnp.max(jnp.abs(v8))) * p_total)
+        t1 = time_fn(hvp, [(hess, x, g, v8[:1])], calls_per_repeat=10)
+        if best is None or t1.median_ms < best[0].median_ms:
+            best = (t1, block_rows, num_warps, hvp)
+    t1, block_rows, num_warps, hvp = best
+    t8 = time_fn(hvp, [(hess, x, g, v8)], calls_per_repeat=10)
+    rec.record("joint_hvp_1rhs", shape=(n, r, p_total), dtype="float64", backend="pallas",
+               timing=t1, bytes_moved=hvp_bytes, baseline="joint_hvp_xla_reference",
+               extra={"speedup_vs_xla": t_ref_hvp.median_ms / t1.median_ms,
+                      "block_rows": block_rows, "num_warps": num_warps,
+                      "configs_tried": hvp_configs, "resident_hessians_mb": hess.size * 8 / 1e6})
+    rec.record("joint_hvp_8rhs", shape=(n, r, p_total, 8), dtype="float64", backend="pallas",
+               timing=t8, bytes_moved=hvp_bytes, baseline="joint_hvp_1rhs",
+               extra={"speedup_vs_8_single": 8 * t1.median_ms / t8.median_ms})
+    rec.record("joint_hvp_xla_reference", shape=(n, r, p_total), dtype="float64", backend="xla",
+               timing=t_ref_hvp, bytes_moved=hvp_bytes)
+
+    diag = jax.jit(lambda h, x, g: kernels.joint_diagonal(h, x, g))
+    check_close("diagonal", diag(hess, x, g), jnp.diag(dense_ref), rtol=1e-10)
+    t_d = time_fn(diag, [(hess, x, g)], calls_per_repeat=10)
+    t_rd = time_fn(jax.jit(reference.joint_diagonal), [(hess, x, g)])
+    rec.record("joint_diagonal", shape=(n, r, p_total), dtype="float64", backend="pallas",
+               timing=t_d, baseline="joint_diagonal_xla_reference",
+               extra={"speedup_vs_xla": t_rd.median_ms / t_d.median_ms})
+    rec.record("joint_diagonal_xla_reference", shape=(n, r, p_total), dtype="float64",
+               backend="xla", timing=t_rd)
+
+    dense = jax.jit(lambda h, x, g: kernels.joint_dense(h, x, g))
+    err_d = check_close("dense", dense(hess, x, g), dense_ref, rtol=1e-10, atol=1e-12 * dscale)
+    t_k = time_fn(dense, [(hess, x, g)])
+    t_r = time_fn(jax.jit(reference.joint_dense), [(hess, x, g)])
+    rec.record("joint_dense", shape=(n, r, p_total), dtype="float64", backend="pallas",
+               timing=t_k, bytes_moved=hvp_bytes, baseline="joint_dense_xla_reference",
+               extra={"speedup_vs_xla": t_r.median_ms / t_k.median_ms,
+                      "max_rel_err_vs_reference": err_d})
+    rec.record("joint_dense_xla_reference", shape=(n, r, p_total), dtype="float64",
+               backend="xla", timing=t_r)
+
+
+if __name__ == "__main__":
+    main_from_args(run, "bms")

@@ -1,0 +1,188 @@
+"""Public BMS FLEX API: flexible rows vs the autodiff oracle, rigid rows vs the closed form,
+bad input, per-row failure reporting, jit and vmap."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpustat import bms
+from gpustat.piecewise import PiecewisePolynomial
+from tests.helpers import assert_close, tol
+from tests.oracles import bms_tables as tables
+from tests.oracles.bms_objective import make_row_objective
+
+AUTODIFF = tol(np.float64, "autodiff")
+
+
+@pytest.fixture(scope="module")
+def flexible():
+    """Three random flexible rows (p_h = 4, p_w = 3, r = 9) and the oracle's derivatives."""
+    rng = np.random.default_rng(0)
+    score = bms.flat_cubic_basis(np.linspace(-2.5, 2.5, 6))
+    link = bms.flat_cubic_basis(np.linspace(-3.0, 3.0, 5))
+    n, p_h, p_w, s_f = 3, 4, 3, 0.9
+    q = rng.normal(size=n) * 0.8
+    b = 0.5 + rng.random(n)
+    beta_h = rng.normal(size=p_h) * 0.3
+    beta_w = rng.normal(size=p_w) * 0.2
+    z_obs = rng.normal(size=n)
+    y = np.array([1.0, 0.0, 1.0])
+    w = 0.5 + rng.random(n)
+    rows = bms.build_rows(q, b, beta_h, beta_w, score, link, z_obs, y, w, s_f,
+                          backend="reference")
+    _, _, value_grad_hessian = make_row_objective(
+        (np.asarray(score.breakpoints), np.asarray(score.coeffs)),
+        (np.asarray(link.breakpoints), np.asarray(link.coeffs)), p_h, p_w, s_f)
+    theta = np.concatenate([q[:, None], b[:, None], np.tile(beta_h, (n, 1)),
+                            np.tile(beta_w, (n, 1))], axis=1)
+    oracle = jax.jit(jax.vmap(value_grad_hessian))(theta, z_obs, y, w)
+    return rows, oracle
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_flexible_rows_match_autodiff_oracle(flexible, backend):
+    rows, (neglog, grad, hess) = flexible
+    out = bms.row_derivatives(rows, backend=backend)
+    assert rows.r == 9 and np.all(np.diff(np.asarray(rows.cell_offsets)) == 12)
+    assert np.all(np.asarray(out.status) == 0)
+    assert_close(out.neglog, neglog, rtol=AUTODIFF)
+    # relative to each row's largest entry: small entries cancel
+    for got, want in ((out.grad, grad), (out.hess, hess)):
+        scale = np.max(np.abs(np.asarray(want)).reshape(want.shape[0], -1), axis=1)
+        err = np.abs(np.asarray(got) - np.asarray(want)).reshape(want.shape[0], -1)
+        assert np.all(err.max(axis=1) <= AUTODIFF * scale), err.max(axis=1) / scale
+    assert np.array_equal(np.asarray(out.hess), np.swapaxes(np.asarray(out.hess), 1, 2))
+
+
+def test_rigid_build_rows_match_closed_form():
+    params = [p for p, _ in tables.RIGID_ROWS if p[4] == 1.0]
+    q, b, z_obs, y, _ = (np.array(v) for v in zip(*params))
+    rows = bms.build_rows(q, b, None, None, None, None, z_obs, y, np.ones(len(q)), 1.0,
+                          backend="reference")
+    out = bms.row_derivatives(rows, backend="reference")
+    expected = [e for p, e in tables.RIGID_ROWS if p[4] == 1.0]
+    rtol = tol(np.float64, "oracle")
+    assert_close(rows.a, [e[0] for e in expected], rtol=rtol)
+    assert_close(out.neglog, [e[1] for e in expected], rtol=rtol)
+    assert_close(out.grad, [e[2] for e in expected], rtol=rtol)
+    assert_close(out.hess, [[[e[3][0], e[3][1]], [e[3][1], e[3][2]]] for e in expected],
+                 rtol=rtol)
+
+
+def test_failed_calibration_is_reported_per_row():
+    # q = -40: Φ(q) underflows, the intercept has no finite root -> that row alone fails
+    score = bms.flat_cubic_basis(np.linspace(-2.5, 2.5, 6))
+    bad = bms.build_rows([0.2, -40.0], [0.8, 0.8], np.zeros(4), None, score, None, [0.1, 0.1],
+                         [1, 0], [1.0, 1.0], 1.0, backend="reference")
+    out = bms.row_derivatives(bad, backend="reference")
+    assert int(out.status[0]) == 0 and np.isfinite(out.neglog[0])
+    assert int(out.status[1]) != 0 and np.all(np.isnan(out.hess[1]))
+
+
+def test_jit_and_vmap(flexible):
+    rows, _ = flexible
+    eager = bms.row_derivatives(rows, backend="reference")
+    jitted = jax.jit(lambda rw: bms.row_derivatives(rw, backend="reference"))(rows)
+    assert_close(jitted.hess, eager.hess, rtol=1e-14)
+    # a batch of two row sets with the same cell layout
+    doubled = dataclasses.replace(rows, w=2.0 * rows.w)
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), rows, doubled)
+    batched = jax.vmap(lambda rw: bms.row_derivatives(rw, backend="reference"))(stacked)
+    assert_close(batched.hess[1], 2.0 * np.asarray(eager.hess), rtol=1e-13)
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(rows.n, 2))
+    g = rng.normal(size=(rows.n, 3))
+    op = bms.JointOperator.from_rows(eager, x, g)
+    v = rng.normal(size=(4, op.p_total))
+    dense = tables.dense_joint_loops(np.asarray(eager.hess), x, g)
+    rtol = tol(np.float64, "oracle")
+    scale = np.abs(dense).max() * np.abs(v).max() * op.p_total
+    assert_close(jax.jit(lambda o, vv: o.hvp(vv))(op, v), v @ dense, rtol=rtol, atol=rtol * scale)
+    assert_close(jax.vmap(op.hvp)(v), v @ dense, rtol=rtol, atol=rtol * scale)
+    assert_close(op.diagonal(), np.diag(dense), rtol=rtol)
+    assert_close(op.dense(), dense, rtol=rtol, atol=rtol * np.abs(dense).max())
+    grad = bms.joint_gradient(eager, x, g)
+    assert grad.shape == (1 + op.p_total,)
+    assert float(grad[0]) == pytest.approx(-float(np.sum(eager.neglog)), rel=1e-14)
+    moments, _ = jax.jit(lambda lo, hi, c: bms.cell_moments(lo, hi, c, backend="interpret"))(
+        rows.cell_lo[:3], rows.cell_hi[:3], rows.cell_c[:3])
+    assert_close(moments, rows.cell_moments[:3], rtol=1e-12, atol=1e-15)
+
+
+def _basis(degree=3, extrapolate="clamp", p=2):
+    coeffs = np.zeros((degree + 1, 3, p))
+    coeffs[-1] = 1.0
+    return PiecewisePolynomial(np.array([-1.0, 0.0, 1.0, 2.0]), coeffs, extrapolate=extrapolate)
+
+
+def _build(**changes):
+    args = dict(q=[0.1, 0.2], b=[0.5, 0.6], beta_h=[0.1, 0.2], beta_w=None, score_basis=_basis(),
+                link_basis=None, z_obs=[0.0, 1.0], y=[0, 1], w=[1.0, 1.0], s_f=1.0)
+    args.update(changes)
+    return bms.build_rows(**args, backend="reference")
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"s_f": 0.0}, "s_f"),
+        ({"s_f": -1.0}, "s_f"),
+        ({"score_basis": _basis(degree=4)}, "degree"),
+        ({"score_basis": _basis(extrapolate="extend")}, "clamp"),
+        ({"beta_h": [0.1, 0.2, 0.3]}, "beta_h"),
+        ({"b": [0.5]}, "b must have shape"),
+        ({"y": [0, 2]}, "y"),
+        ({"w": [1.0, 0.0]}, "w"),
+        ({"beta_w": [0.3]}, "beta_w"),
+    ],
+)
+def test_build_rows_bad_input(changes, match):
+    with pytest.raises(ValueError, match=match):
+        _build(**changes)
+
+
+def test_row_derivatives_bad_input(flexible):
+    rows, _ = flexible
+    with pytest.raises(ValueError, match="2 \\+ p_h \\+ p_w"):
+        bms.row_derivatives(dataclasses.replace(rows, p_h=rows.p_h + 1))
+    offsets = np.asarray(rows.cell_offsets).copy()
+    offsets[1], offsets[2] = offsets[2], offsets[1]
+    with pytest.raises(ValueError, match="non-decreasing"):
+        bms.row_derivatives(dataclasses.replace(rows, cell_offsets=jnp.asarray(offsets)))
+    with pytest.raises(ValueError, match="s_f"):
+        bms.row_derivatives(dataclasses.replace(rows, s_f=jnp.asarray(0.0)))
+    with pytest.raises(ValueError, match="cell_moments"):
+        bms.row_derivatives(dataclasses.replace(rows, cell_moments=rows.cell_moments[:, :5]))
+    with pytest.raises(ValueError, match="r_uv"):
+        bms.row_derivatives(dataclasses.replace(rows, r_uv=rows.r_uv[:, :-1]))
+    with pytest.raises(TypeError, match="BmsRows"):
+        bms.row_derivatives({"rows": 1})
+    with pytest.raises(ValueError, match="backend"):
+        bms.row_derivatives(rows, backend="cuda")
+
+
+def test_cell_moments_and_joint_bad_input():
+    with pytest.raises(ValueError, match="c must have shape"):
+        bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="lo and hi"):
+        bms.cell_moments(np.zeros(3), np.ones(2), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="order"):
+        bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4)), order=25)
+    with pytest.raises(TypeError, match="floating"):
+        bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4), np.int32))
+    hess = np.zeros((3, 4, 4))
+    x, g = np.ones((3, 2)), np.ones((3, 1))
+    with pytest.raises(ValueError, match="p_total=5"):
+        bms.joint_hvp(hess, x, g, np.ones(6))
+    with pytest.raises(ValueError, match="hess must have shape"):
+        bms.joint_diagonal(np.zeros((3, 4, 5)), x, g)
+    with pytest.raises(ValueError, match="n=3 rows"):
+        bms.joint_dense(hess, x[:2], g)
+    with pytest.raises(ValueError, match="at least one column"):
+        bms.joint_dense(hess, np.ones((3, 0)), g)
