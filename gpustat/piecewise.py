@@ -172,7 +172,7 @@ class PiecewisePolynomial:
     def derivative(self, nu: int = 1) -> PiecewisePolynomial:
         """The nu-th derivative (nu >= 0) as a new object of degree max(D - nu, 0)."""
         _check_order(nu, "nu")
-        return self._replace(ref.derivative_coeffs(self.coeffs, nu))
+        return self._replace(_derivative_jit(self.coeffs, nu))
 
     def antiderivative(self, nu: int = 1) -> PiecewisePolynomial:
         """The nu-th antiderivative, zero at x_0 and continuous (scipy's convention).
@@ -182,7 +182,7 @@ class PiecewisePolynomial:
         """
         _check_order(nu, "nu")
         mode = "nan" if self.extrapolate == "periodic" else self.extrapolate
-        return self._replace(ref.antiderivative_coeffs(self.breakpoints, self.coeffs, nu), mode)
+        return self._replace(_antiderivative_jit(self.breakpoints, self.coeffs, nu), mode)
 
     def integrate(self, a: ArrayLike, b: ArrayLike) -> Array:
         """Definite integral over [a, b] with scipy ``PPoly.integrate`` semantics.
@@ -194,8 +194,7 @@ class PiecewisePolynomial:
             (*t,) in ``self.dtype``: NaN under "nan" when a bound is outside
             [x_0, x_P]; "clamp" integrates the clamped function.
         """
-        return ref.integrate_reference(self.breakpoints, self.coeffs, a, b,
-                                       extrapolate=self.extrapolate)
+        return _integrate_jit(self.breakpoints, self.coeffs, a, b, extrapolate=self.extrapolate)
 
     # -- converters ---------------------------------------------------------------------
     @classmethod
@@ -405,3 +404,6 @@ def _evaluate_jvp(config, primals, tangents):
 
 # One executable per shape and setting for eager calls (instead of op-by-op dispatch).
 _evaluate_jit = jax.jit(_evaluate, static_argnums=(4,))
+_derivative_jit = jax.jit(ref.derivative_coeffs, static_argnums=1)
+_antiderivative_jit = jax.jit(ref.antiderivative_coeffs, static_argnums=2)
+_integrate_jit = jax.jit(ref.integrate_reference, static_argnames=("extrapolate",))
