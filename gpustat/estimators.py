@@ -591,73 +591,6 @@ def _top_pairs(model, V, r, fields, n_top):
     return [(int(i[t]), int(j[t]), float(s[t])) for t in order]
 
 
-_COMMON_DOC = """
-    Args:
-        n_factors: k, factors per feature (per feature and field for FFM).
-        optimizer: "sgd", "adagrad", "adam", "ftrl", or an optax
-            ``GradientTransformation``. The named ones step only the
-            coordinates a batch touches (lazy); a user's transformation sees
-            the data gradient plus L2 on touched coordinates, zero elsewhere,
-            and updates with its own (dense) semantics, unless it accepts the
-            ``touched`` keyword like :func:`gpustat.ftrl`.
-        learning_rate: step size (FTRL's alpha); unused by a user's transformation.
-        beta_1: Adam's first-moment decay.
-        beta_2: Adam's second-moment decay.
-        epsilon: Adam's epsilon (outside the root).
-        ftrl_beta: FTRL's beta.
-        l1_linear: FTRL's L1 on w (exact zeros); needs optimizer="ftrl".
-        l1_factors: FTRL's L1 on V (and r); needs optimizer="ftrl".
-        l2_linear: L2 on w (coupled into the gradient; inside FTRL's step for FTRL).
-        l2_factors: L2 on V (and r, pulled toward 0).
-        max_iter: epochs.
-        batch_size: rows per mini-batch; gradients are averaged over the batch
-            and every row is scored with the batch-start parameters. 1 is
-            modern_fm's per-row default; on a GPU use 1024-8192.
-        init_scale: factor initialisation scale.
-        early_stopping: hold out ``validation_fraction`` of the rows (or use
-            ``eval_set``), stop after ``patience`` epochs without a ``min_delta``
-            improvement of the validation loss, restore the best parameters.
-        validation_fraction: holdout share for early stopping.
-        patience: epochs without improvement before stopping.
-        min_delta: least improvement that counts.
-        warm_start: continue from the fitted parameters and optimizer state.
-        random_state: seed of the init and epoch permutations (see the module docs).
-        verbose: show a progress bar per epoch with training loss and validation metric.
-        dtype: "float32" (default) or "float64" (needs ``jax_enable_x64``):
-            the dtype of parameters, optimizer state and training arithmetic.
-        backend: "auto", "pallas", "interpret" or "reference": how the sparse
-            batch gradient is accumulated (Pallas kernel on a CUDA GPU for "auto").
-"""
-
-_CLASSIFIER_DOC = """        label_smoothing: eps in [0, 1): binary targets
-            ``y (1 - eps) + eps / 2``; multiclass ``1 - eps`` on the true
-            class, ``eps / (C - 1)`` elsewhere.
-        class_weight: None, "balanced" (``n / (C count_c)``) or {label: weight}.
-"""
-
-
-def _attributes_doc(model: str, classifier: bool) -> str:
-    lead = "(C, " if classifier else "("
-    v_shape = "p, F, k" if model == "ffm" else "p, k"
-    lines = [
-        "    Attributes:",
-        "        w0_: bias (float; (C,) for C > 2 classes).",
-        f"        w_: linear weights, shape (p,) or {lead}p) for C > 2 classes.",
-        f"        V_: factors, shape ({v_shape}) or {lead}{v_shape}) for C > 2 classes.",
-    ]
-    if model == "fwfm":
-        lines.append("        r_: field-pair weights (F, F) (or (C, F, F)); upper triangle read.")
-    if classifier:
-        lines.append("        classes_: sorted class labels.")
-    lines += [
-        "        field_ids_: (p,) field of each feature.",
-        "        n_fields_: F.",
-        "        n_features_in_: p.",
-        "        n_iter_: epochs run (partial_fit calls count one each).",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 class _ClassifierMixin(ClassifierMixin):
     _is_classifier = True
 
@@ -788,52 +721,153 @@ def _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsi
     self.backend = backend
 
 
-def _make_classes(model: str, title: str, default_factors: int):
-    """The classifier and regressor of one model (same constructor, modern_fm's names)."""
+def _classifier_init(default_factors: int):
+    """``__init__`` of a classifier: modern_fm's names, explicit for scikit-learn."""
 
-    class Classifier(_ClassifierMixin, _FactorizationMachine):
-        _model = model
+    def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
+                 beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
+                 l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100, batch_size=1,
+                 init_scale=0.01, early_stopping=False, validation_fraction=0.1, patience=10,
+                 min_delta=0.0, warm_start=False, label_smoothing=0.0, class_weight=None,
+                 random_state=None, verbose=0, dtype="float32", backend="auto"):
+        _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
+                     ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
+                     batch_size, init_scale, early_stopping, validation_fraction, patience,
+                     min_delta, warm_start, random_state, verbose, dtype, backend)
+        self.label_smoothing = label_smoothing
+        self.class_weight = class_weight
 
-        def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
-                     beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
-                     l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100,
-                     batch_size=1, init_scale=0.01, early_stopping=False,
-                     validation_fraction=0.1, patience=10, min_delta=0.0, warm_start=False,
-                     label_smoothing=0.0, class_weight=None, random_state=None, verbose=0,
-                     dtype="float32", backend="auto"):
-            _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
-                         ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
-                         batch_size, init_scale, early_stopping, validation_fraction, patience,
-                         min_delta, warm_start, random_state, verbose, dtype, backend)
-            self.label_smoothing = label_smoothing
-            self.class_weight = class_weight
-
-    class Regressor(_RegressorMixin, _FactorizationMachine):
-        _model = model
-
-        def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
-                     beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
-                     l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100,
-                     batch_size=1, init_scale=0.01, early_stopping=False,
-                     validation_fraction=0.1, patience=10, min_delta=0.0, warm_start=False,
-                     random_state=None, verbose=0, dtype="float32", backend="auto"):
-            _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
-                         ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
-                         batch_size, init_scale, early_stopping, validation_fraction, patience,
-                         min_delta, warm_start, random_state, verbose, dtype, backend)
-
-    for cls, task, classifier in ((Classifier, "Classifier", True), (Regressor, "Regressor",
-                                                                        False)):
-        cls.__name__ = cls.__qualname__ = f"{title}{task}"
-        cls.__module__ = __name__
-        kind = ("binary (logistic) and multiclass (softmax) classifier" if classifier
-                else "regressor (squared loss)")
-        cls.__doc__ = (f"{title} {kind}, trained on the device through optax.\n"
-                       + _COMMON_DOC + (_CLASSIFIER_DOC if classifier else "") + "\n"
-                       + _attributes_doc(model, classifier))
-    return Classifier, Regressor
+    return __init__
 
 
-FMClassifier, FMRegressor = _make_classes("fm", "FM", 16)
-FFMClassifier, FFMRegressor = _make_classes("ffm", "FFM", 8)
-FwFMClassifier, FwFMRegressor = _make_classes("fwfm", "FwFM", 8)
+def _regressor_init(default_factors: int):
+    """``__init__`` of a regressor: the classifier's names less the label settings."""
+
+    def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
+                 beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
+                 l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100, batch_size=1,
+                 init_scale=0.01, early_stopping=False, validation_fraction=0.1, patience=10,
+                 min_delta=0.0, warm_start=False, random_state=None, verbose=0,
+                 dtype="float32", backend="auto"):
+        _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
+                     ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
+                     batch_size, init_scale, early_stopping, validation_fraction, patience,
+                     min_delta, warm_start, random_state, verbose, dtype, backend)
+
+    return __init__
+
+
+class FMClassifier(_ClassifierMixin, _FactorizationMachine):
+    """Factorization machine classifier (2 classes: logistic; more: softmax), trained on the device.
+
+    Args:
+        n_factors: k, factors per feature (per feature and field for FFM); 16 for
+            FM, 8 for FFM and FwFM.
+        optimizer: "sgd", "adagrad", "adam", "ftrl", or an optax
+            ``GradientTransformation``. The named ones step only the
+            coordinates a batch touches (lazy); a user's transformation sees
+            the data gradient plus L2 on touched coordinates, zero elsewhere,
+            and updates with its own (dense) semantics, unless it accepts the
+            ``touched`` keyword like :func:`gpustat.ftrl`.
+        learning_rate: step size (FTRL's alpha); unused by a user's transformation.
+        beta_1: Adam's first-moment decay.
+        beta_2: Adam's second-moment decay.
+        epsilon: Adam's epsilon (outside the root).
+        ftrl_beta: FTRL's beta.
+        l1_linear: FTRL's L1 on w (exact zeros); needs optimizer="ftrl".
+        l1_factors: FTRL's L1 on V (and r); needs optimizer="ftrl".
+        l2_linear: L2 on w (coupled into the gradient; inside FTRL's step for FTRL).
+        l2_factors: L2 on V (and r, pulled toward 0).
+        max_iter: epochs.
+        batch_size: rows per mini-batch; gradients are averaged over the batch
+            and every row is scored with the batch-start parameters. 1 is
+            modern_fm's per-row default; on a GPU use 1024-8192.
+        init_scale: factor initialisation scale.
+        early_stopping: hold out ``validation_fraction`` of the rows (or use
+            ``eval_set``), stop after ``patience`` epochs without a ``min_delta``
+            improvement of the validation loss, restore the best parameters.
+        validation_fraction: holdout share for early stopping.
+        patience: epochs without improvement before stopping.
+        min_delta: least improvement that counts.
+        warm_start: continue from the fitted parameters and optimizer state.
+        label_smoothing: eps in [0, 1): binary targets ``y (1 - eps) + eps / 2``;
+            multiclass ``1 - eps`` on the true class, ``eps / (C - 1)`` elsewhere.
+        class_weight: None, "balanced" (``n / (C count_c)``) or {label: weight}.
+        random_state: seed of the init and epoch permutations (module docs).
+        verbose: show a progress bar per epoch with training loss and validation metric.
+        dtype: "float32" (default) or "float64" (needs ``jax_enable_x64``):
+            the dtype of parameters, optimizer state and training arithmetic.
+        backend: "auto", "pallas", "interpret" or "reference": how the sparse
+            batch gradient is summed ("auto": XLA's scatter-add, measured faster).
+
+    Attributes:
+        w0_: bias (float; (C,) for C > 2 classes).
+        w_: linear weights (p,), or (C, p) for C > 2 classes.
+        V_: factors (p, k), or (C, p, k) for C > 2 classes.
+        classes_: sorted class labels.
+        field_ids_: (p,) field of each feature.
+        n_fields_: F.
+        n_features_in_: p.
+        n_iter_: epochs run (each partial_fit call counts one).
+    """
+
+    _model = "fm"
+    __init__ = _classifier_init(16)
+
+
+class FMRegressor(_RegressorMixin, _FactorizationMachine):
+    """Factorization machine regressor (squared loss), trained on the device.
+
+    Parameters as :class:`FMClassifier` without ``label_smoothing`` and
+    ``class_weight``. Attributes ``w0_`` (float), ``w_`` (p,), ``V_`` (p, k),
+    ``field_ids_``, ``n_fields_``, ``n_features_in_``, ``n_iter_``.
+    """
+
+    _model = "fm"
+    __init__ = _regressor_init(16)
+
+
+class FFMClassifier(_ClassifierMixin, _FactorizationMachine):
+    """Field-aware factorization machine classifier, trained on the device.
+
+    Parameters and methods as :class:`FMClassifier` (``n_factors`` defaults to
+    8); ``fit`` takes ``field_ids``. ``V_`` is (p, F, k), or (C, p, F, k) for
+    C > 2 classes.
+    """
+
+    _model = "ffm"
+    __init__ = _classifier_init(8)
+
+
+class FFMRegressor(_RegressorMixin, _FactorizationMachine):
+    """Field-aware factorization machine regressor (squared loss), trained on the device.
+
+    Parameters as :class:`FMRegressor` (``n_factors`` defaults to 8); ``V_`` is (p, F, k).
+    """
+
+    _model = "ffm"
+    __init__ = _regressor_init(8)
+
+
+class FwFMClassifier(_ClassifierMixin, _FactorizationMachine):
+    """Field-weighted factorization machine classifier, trained on the device.
+
+    Parameters and methods as :class:`FMClassifier` (``n_factors`` defaults to
+    8); ``fit`` takes ``field_ids``. Extra attribute ``r_``: field-pair weights
+    (F, F), or (C, F, F) for C > 2 classes, of which the upper triangle with the
+    diagonal is read; it starts at 1 and its L2 is ``l2_factors``.
+    """
+
+    _model = "fwfm"
+    __init__ = _classifier_init(8)
+
+
+class FwFMRegressor(_RegressorMixin, _FactorizationMachine):
+    """Field-weighted factorization machine regressor (squared loss), trained on the device.
+
+    Parameters as :class:`FMRegressor` (``n_factors`` defaults to 8); extra attribute
+    ``r_`` (F, F) as in :class:`FwFMClassifier`.
+    """
+
+    _model = "fwfm"
+    __init__ = _regressor_init(8)
