@@ -45,10 +45,6 @@ class ConvergenceWarning(UserWarning):
     """EM stopped at max_iter before the lower bound changed by less than tol."""
 
 
-_fit_em_jit = jax.jit(fit_em, static_argnames=("tol", "max_iter", "reg_covar", "backend",
-                                               "precision"))
-
-
 class GaussianMixture:
     """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
 
@@ -258,9 +254,9 @@ class GaussianMixture:
         else:
             init, start_bound = self.params_, self.lower_bound_
         init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
-        result = _fit_em_jit(X, init, tol=self.tol, max_iter=self.max_iter,
-                             reg_covar=self.reg_covar, initial_lower_bound=start_bound,
-                             backend=self.backend, precision=self.precision)
+        result = fit_em(X, init, tol=self.tol, max_iter=self.max_iter,
+                        reg_covar=self.reg_covar, initial_lower_bound=start_bound,
+                        backend=self.backend, precision=self.precision)
         if int(result.status) != STATUS_OK:
             raise ValueError(_COLLAPSE_MESSAGE)
         self.n_features_in_ = X.shape[1]

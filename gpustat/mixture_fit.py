@@ -14,6 +14,7 @@ with step sizes rho_t = (t + 2)^-kappa and the M-step is applied after every bat
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -130,8 +131,9 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
 
     Returns:
-        :class:`EMResult`. Works under ``jax.jit`` with ``max_iter`` and the priors' types
-        static. A collapsing component is reported by ``status == 1``, not an exception.
+        :class:`EMResult`. Compiled once per static setting (tol, max_iter, reg_covar,
+        backend, precision); works under ``jax.jit`` and ``jax.vmap``. A collapsing component
+        is reported by ``status == 1``, not an exception.
     """
     X = check_data(X)
     if reg_covar < 0:
@@ -145,6 +147,15 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     check_precision(precision)
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
+    return _fit_em_jit(X, init, w, weight_prior, component_prior,
+                       jnp.asarray(initial_lower_bound, X.dtype), tol=tol, max_iter=max_iter,
+                       reg_covar=reg_covar, path=path, precision=precision)
+
+
+@functools.partial(jax.jit, static_argnames=("tol", "max_iter", "reg_covar", "path",
+                                             "precision"))
+def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, *, tol,
+                max_iter, reg_covar, path, precision):
     weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
     total_w = jnp.sum(weights)
     shift = weights @ X / total_w
@@ -160,7 +171,7 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
                        path=path, precision=precision)
         return (_shift_means(out[0], shift), *out[1:])
 
-    if not batched:
+    if init.weights.ndim == 1:
         params, lb, n_iter, converged, status, trace = run(init)
         return EMResult(params, lb, trace, n_iter, converged, status, lb[None])
     params, lb, n_iter, converged, status, trace = jax.vmap(run)(init)
@@ -216,6 +227,7 @@ def online_em_init(X_first: Float[Array, "b p"], params: MixtureParams) -> Onlin
     return OnlineEMState(zero, _shift_means(params, -shift), shift, jnp.int32(0))
 
 
+@functools.partial(jax.jit, static_argnames=("reg_covar", "kappa", "backend", "precision"))
 def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
                    reg_covar: float = 1e-6, kappa: float = 0.6, backend: str = "auto",
                    precision: str = "highest") -> tuple[OnlineEMState, Float[Array, ""]]:
