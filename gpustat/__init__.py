@@ -18,6 +18,16 @@ from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
 from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
 from gpustat._backend import available_backends as available_backends  # noqa: E402
+from gpustat.estimators import FFMClassifier as FFMClassifier  # noqa: E402
+from gpustat.estimators import FFMRegressor as FFMRegressor  # noqa: E402
+from gpustat.estimators import FMClassifier as FMClassifier  # noqa: E402
+from gpustat.estimators import FMRegressor as FMRegressor  # noqa: E402
+from gpustat.estimators import FwFMClassifier as FwFMClassifier  # noqa: E402
+from gpustat.estimators import FwFMRegressor as FwFMRegressor  # noqa: E402
+from gpustat.estimators import ftrl as ftrl  # noqa: E402
+from gpustat.estimators import lazy_adagrad as lazy_adagrad  # noqa: E402
+from gpustat.estimators import lazy_adam as lazy_adam  # noqa: E402
+from gpustat.estimators import lazy_sgd as lazy_sgd  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
@@ -29,12 +39,22 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "FFMClassifier",
+    "FFMRegressor",
+    "FMClassifier",
+    "FMRegressor",
+    "FwFMClassifier",
+    "FwFMRegressor",
     "GaussianMixture",
     "MixtureParams",
     "PiecewisePolynomial",
     "activation",
     "available_backends",
     "fit_piecewise",
+    "ftrl",
+    "lazy_adagrad",
+    "lazy_adam",
+    "lazy_sgd",
     "mixture",
     "numerics",
     "ppoly_eval",
