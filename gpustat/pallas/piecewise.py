@@ -160,7 +160,7 @@ def _evaluate_block(x_raw, keys_ref, rows_ref, params, *, num_pieces: int, degre
     u = x - knot
     width = rows_ref.shape[1]
     if gather == "row":  # one vector gather of the padded coefficient row
-        cols = jnp.arange(width)
+        cols = jnp.arange(width, dtype=jnp.int32)
         rows = rows_ref[index[:, None], cols[None, :]]
         coeff = functools.partial(_column, rows, cols)
     else:  # one scalar gather per coefficient
@@ -183,8 +183,11 @@ def _ppoly_eval_kernel(x_ref, keys_ref, rows_ref, params_ref, out_ref, *, size: 
     # chunks > 1 the next block's x is loaded before this block's search and
     # Horner, so HBM reads stay in flight while the gathers wait on L1.
     params = (params_ref[0], params_ref[1], params_ref[2])
-    base = pl.program_id(0) * (block_n * chunks)
-    lanes = jnp.arange(block_n)
+    # 32-bit point offsets unless the padded grid passes 2^31 points.
+    span = pl.cdiv(size, block_n * chunks) * block_n * chunks
+    offset_dtype = jnp.int32 if span < 2**31 else jnp.int64
+    base = pl.program_id(0).astype(offset_dtype) * (block_n * chunks)
+    lanes = jnp.arange(block_n, dtype=offset_dtype)
 
     def load(j, valid=True):
         offsets = base + j * block_n + lanes
