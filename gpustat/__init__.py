@@ -18,6 +18,7 @@ from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
 from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
 from gpustat._backend import available_backends as available_backends  # noqa: E402
+from gpustat.csr import CSR as CSR  # noqa: E402
 from gpustat.estimators import FFMClassifier as FFMClassifier  # noqa: E402
 from gpustat.estimators import FFMRegressor as FFMRegressor  # noqa: E402
 from gpustat.estimators import FMClassifier as FMClassifier  # noqa: E402
@@ -28,6 +29,9 @@ from gpustat.estimators import ftrl as ftrl  # noqa: E402
 from gpustat.estimators import lazy_adagrad as lazy_adagrad  # noqa: E402
 from gpustat.estimators import lazy_adam as lazy_adam  # noqa: E402
 from gpustat.estimators import lazy_sgd as lazy_sgd  # noqa: E402
+from gpustat.factorization import ffm_predict as ffm_predict  # noqa: E402
+from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
+from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
@@ -39,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "CSR",
     "FFMClassifier",
     "FFMRegressor",
     "FMClassifier",
@@ -50,8 +55,11 @@ __all__ = [
     "PiecewisePolynomial",
     "activation",
     "available_backends",
+    "ffm_predict",
     "fit_piecewise",
+    "fm_predict",
     "ftrl",
+    "fwfm_predict",
     "lazy_adagrad",
     "lazy_adam",
     "lazy_sgd",
