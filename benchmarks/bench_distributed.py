@@ -1,0 +1,189 @@
+"""Scaling of the sharded drivers: one GPU vs all GPUs of the host, in the same run.
+
+Cases (the acceptance shapes of the multi-GPU issue):
+
+* ``fit_em``: n = 2e6 rows, p = 16, k = 256 components, full covariance, float32,
+  20 EM iterations (tol = 0, so every variant runs the same iterations).
+  Prediction: one iteration is about 1.6e11 FLOP (spec: 2.3-3 ms on one H200 at
+  n = 1e6 in exact fp32, so about 5-6 ms at 2e6); the per-device E-step halves,
+  the psum is 157 KB and the replicated M-step (k Choleskys of 16 x 16) is a
+  fixed ~0.1-0.3 ms, so two GPUs should reach about 1.8-1.9x.
+* ``border``: B = 200,000 atoms, d = 2, n_a uniform in 1..16, k_a in 2..8, float64
+  and float32. Independent atoms and no communication: two GPUs should give
+  close to 2x minus the fixed launch cost of each size bucket's kernel.
+* ``fm_train``: one FM epoch, logistic loss, AdaGrad, batch 8192, n = 2^19 rows
+  with 32 nonzeros, p = 2^15 features, k = 32, float32. Per batch the row work
+  (gathers, pair terms, scatter: ~8192*32*32 values several times) halves, but the
+  dense gradient all-reduce (p k = 1M floats, 4 MB) and the replicated optimizer
+  step over all p rows do not: expect 1.4-1.7x.
+
+"1 GPU" is the single-device public op (``gpustat.mixture.fit_em``,
+``gpustat.border.solve_batched_border``, ``gpustat.fm_train.train_epoch``);
+"D GPUs" is the :mod:`gpustat.distributed` entry point on a D-device mesh; the
+sharded entry point on a 1-device mesh is timed too (its overhead).
+``GPUSTAT_BENCH_SMALL=1`` shrinks every case for a CPU smoke test.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+
+from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
+from gpustat import border, distributed, fm_train, mixture
+
+SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
+REPEATS = 20
+
+
+def _meshes():
+    """{devices: mesh} for 1 and all devices."""
+    counts = sorted({1, len(jax.devices())})
+    return {d: distributed.make_mesh(d) for d in counts}
+
+
+def _record_scaling(rec, case, shape, dtype, timings, items, item_name, extra=None):
+    """One JSON line per variant; the D-GPU lines carry speedup_vs_1gpu."""
+    t1 = timings["1gpu"].median_ms
+    for name, timing in timings.items():
+        more = dict(extra or {})
+        if name != "1gpu":
+            more["speedup_vs_1gpu"] = t1 / timing.median_ms
+        rec.record(case, shape=shape, dtype=dtype, backend=name, timing=timing, items=items,
+                   item_name=item_name, baseline=None if name == "1gpu" else "1gpu", extra=more)
+
+
+def _em_case(rec, meshes):
+    n, p, k, iters = (4096, 4, 8, 5) if SMALL else (2_000_000, 16, 256, 20)
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 3, (k, p))
+    X = (centres[rng.integers(0, k, n)] + rng.normal(size=(n, p))).astype(np.float32)
+    init = mixture.MixtureParams.from_covariances(
+        jnp.full((k,), 1.0 / k, jnp.float32), jnp.asarray(centres + rng.normal(0, 0.5, (k, p)),
+                                                          jnp.float32),
+        jnp.broadcast_to(jnp.eye(p, dtype=jnp.float32), (k, p, p)))
+    kw = dict(max_iter=iters, tol=0.0)
+    single = jax.jit(lambda X: mixture.fit_em(X, init, **kw))
+    Xs = {d: distributed.shard_rows(jnp.asarray(X), m) for d, m in meshes.items()}
+    sharded = {d: jax.jit(lambda X, m=m: distributed.fit_em(X, init, m, **kw))
+               for d, m in meshes.items()}
+    ref = single(jnp.asarray(X))
+    timings = {"1gpu": time_fn(single, [(jnp.asarray(X),)], repeats=REPEATS, warmup=1)}
+    for d, fn in sharded.items():
+        got = fn(Xs[d])
+        check_close(f"fit_em means {d} devices", got.params.means, ref.params.means, rtol=2e-3,
+                    atol=2e-3)
+        assert int(got.n_iter) == int(ref.n_iter) == iters
+        timings[f"sharded_{d}gpu"] = time_fn(fn, [(Xs[d],)], repeats=REPEATS, warmup=1)
+    _record_scaling(rec, "fit_em", (n, p, k), "float32", timings, n * iters, "row-iterations",
+                    {"iterations": iters})
+
+
+def _border_batch(n_atoms: int, dtype, seed: int = 1) -> border.BorderBatch:
+    """Random positive definite atoms, packed directly (vectorised, no per-atom lists)."""
+    rng = np.random.default_rng(seed)
+    d = 2
+    n_rows = rng.integers(1, 9 if SMALL else 17, n_atoms)
+    k_dims = rng.integers(2, 9, n_atoms)
+    layout = border.BorderLayout(d, n_rows, k_dims)
+    sizes = layout.packed_sizes()
+    A = rng.normal(size=(layout.num_rows, d, d))
+    H_tt = A @ A.transpose(0, 2, 1) + np.eye(d)
+    H_tb = rng.normal(size=sizes["H_tb"]) * 0.05
+    g_t = rng.normal(size=sizes["g_t"])
+    H_bb = np.concatenate([4.0 * np.eye(k).reshape(-1) for k in k_dims])
+    g_b = rng.normal(size=sizes["g_b"])
+    return border.BorderBatch.from_packed(layout, *(jnp.asarray(a, dtype) for a in
+                                                     (H_tt, H_tb, g_t, H_bb, g_b)))
+
+
+def _border_case(rec, meshes, dtype):
+    n_atoms = 2000 if SMALL else 200_000
+    batch = _border_batch(n_atoms, dtype)
+    single = jax.jit(lambda b: border.solve_batched_border(b, 1e-3, 1e-3))
+    ref = single(batch)
+    timings = {"1gpu": time_fn(single, [(batch,)], repeats=REPEATS)}
+    rtol = 1e-4 if dtype == jnp.float32 else 1e-10
+    for d, mesh in meshes.items():
+        sharded = distributed.shard_border_batch(batch, mesh)
+        fn = jax.jit(lambda b, m=mesh: distributed.solve_batched_border(b, 1e-3, 1e-3, m))
+        got = fn(sharded).gather()
+        assert np.array_equal(np.asarray(got.status), np.asarray(ref.status))
+        check_close(f"border delta_t {d} devices", got.delta_t, ref.delta_t, rtol=rtol,
+                    atol=rtol)
+        check_close(f"border log_det {d} devices", got.log_det, ref.log_det, rtol=rtol)
+        timings[f"sharded_{d}gpu"] = time_fn(fn, [(sharded,)], repeats=REPEATS)
+        slots = sharded.plan.local.num_atoms
+    _record_scaling(rec, "border", (n_atoms, 2), jnp.dtype(dtype).name, timings, n_atoms,
+                    "atoms", {"slots_per_device": slots})
+
+
+def _fm_case(rec, meshes):
+    n, p, z, k, bsz = (4096, 512, 8, 8, 256) if SMALL else (1 << 19, 1 << 15, 32, 32, 8192)
+    rng = np.random.default_rng(2)
+    cols = np.sort(rng.choice(p, size=(n, z)), axis=1)
+    X = sp.csr_matrix((np.ones(n * z, np.float32), cols.reshape(-1), np.arange(n + 1) * z),
+                      shape=(n, p))
+    X.sum_duplicates()
+    X.data[:] = 1.0
+    y = rng.integers(0, 2, n).astype(np.float32)[:, None]
+    weight = np.ones(n, np.float32)
+    fields = np.zeros(p, np.int32)
+    tx, lazy, (l2w, l2v) = fm_train.make_optimizer(
+        "adagrad", model="fm", learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
+    backend = fm_train.scatter_backend("auto")
+    cfg = fm_train.TrainConfig("fm", "logistic", p, 1, bsz, tx, lazy, l2w, l2v, backend)
+    params = {"w0": jnp.zeros(1, jnp.float32), "w": jnp.zeros((p, 1), jnp.float32),
+              "V": jnp.asarray(rng.normal(0, 0.01, (p, 1, k)), jnp.float32)}
+    opt_state = tx.init(params)
+    rows = fm_train.to_device_rows(X, fields, y, weight, np.float32)
+    timings = {}
+    for d, mesh in sorted(meshes.items()):
+        data = distributed.shard_training_rows(X, fields, y, weight, np.float32, mesh)
+        orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
+        # the single-device epoch over the same global batches
+        order = distributed.global_order(data, orders, bsz)
+        ref = fm_train.train_epoch(cfg, params, opt_state, rows, order)
+        if d == 1:
+            timings["1gpu"] = time_fn(
+                lambda order=order: fm_train.train_epoch(cfg, params, opt_state, rows, order), [()],
+                repeats=REPEATS)
+        got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
+        check_close(f"fm_train V {d} devices", got[0]["V"], ref[0]["V"], rtol=1e-3, atol=1e-5)
+        check_close(f"fm_train loss {d} devices", got[2], ref[2], rtol=1e-4)
+        timings[f"sharded_{d}gpu"] = time_fn(
+            lambda data=data, orders=orders, mesh=mesh: distributed.train_epoch(
+                cfg, params, opt_state, data, orders, mesh), [()], repeats=REPEATS)
+    n_batches = -(-n // bsz)
+    _record_scaling(rec, "fm_train", (n, p, z, k, bsz), "float32", timings, n_batches,
+                    "batches", {"batch_size": bsz, "scatter_backend": backend})
+
+
+def run(quick: bool, out=None) -> None:
+    rec = Recorder("distributed", out)
+    meshes = _meshes()
+    print(f"[distributed] devices: {jax.devices()}", flush=True)
+    cases = [("fit_em", lambda: _em_case(rec, meshes)),
+             ("border float64", lambda: _border_case(rec, meshes, jnp.float64)),
+             ("fm_train", lambda: _fm_case(rec, meshes))]
+    if not quick:
+        cases.append(("border float32", lambda: _border_case(rec, meshes, jnp.float32)))
+    failed = []
+    for name, case in cases:  # one failing case must not hide the others' numbers
+        try:
+            case()
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"[distributed] failed cases: {failed}")
+
+
+if __name__ == "__main__":
+    main_from_args(run, "distributed")
