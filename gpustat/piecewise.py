@@ -336,8 +336,15 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     path = resolve_backend(backend, op="ppoly_eval")
     if backend == "auto" and path == "pallas" and pp.uniform and x.size <= _XLA_UNIFORM_MAX_N:
         path = "reference"
-    breakpoints = pp.breakpoints.astype(cdt)
-    coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
+    if _is_concrete(pp.breakpoints, pp.coeffs):
+        # A constant polynomial (also one closed over inside jit): derive its
+        # operands now, so the kernel tables are built once on the host.
+        with jax.ensure_compile_time_eval():
+            breakpoints = pp.breakpoints.astype(cdt)
+            coeffs = _derivative_jit(pp.coeffs, nu).astype(cdt)
+    else:
+        breakpoints = pp.breakpoints.astype(cdt)
+        coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
     tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
     return _evaluate_jit(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
@@ -365,15 +372,15 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform) if tables is None else tables
     trailing = coeffs.shape[2:]
-    flat_rows = rows.reshape((-1, *rows.shape[-2:]))  # (T, P, W)
     kernel = functools.partial(ppoly_eval_tables, keys, params=params, x=x.reshape(-1),
                                num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,
                                extrapolate=extrapolate, uniform=uniform,
                                interpret=path == "interpret")
     if not trailing:
-        return kernel(rows=flat_rows[0]).reshape(x.shape)
+        return kernel(rows=rows).reshape(x.shape)
     # Several polynomials on shared breakpoints: vmap over the trailing entries
-    # adds them to the kernel's grid.
+    # (rows (T, P, W)) adds them to the kernel's grid.
+    flat_rows = rows.reshape((-1, *rows.shape[-2:]))
     y = jax.vmap(lambda r: kernel(rows=r), out_axes=1)(flat_rows)
     return y.reshape(x.shape + trailing)
 

@@ -152,6 +152,29 @@ class TestPiecewiseKernel(KernelTests):
         assert_close(mapped(x), expected, rtol=1e-12, atol=1e-12)
 
 
+def primitives_outside_kernels(jaxpr) -> set[str]:
+    """Primitive names of a jaxpr and its sub-jaxprs, not looking inside pallas_call."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                names |= primitives_outside_kernels(inner)
+    return names
+
+
+def test_constant_polynomial_under_jit_has_host_built_tables():
+    """A polynomial closed over inside jit costs the kernel call and nothing else."""
+    pp = PiecewisePolynomial(np.linspace(0.0, 1.0, 9), np.ones((4, 8), np.float32))
+    closed = jax.make_jaxpr(lambda v: pp(v, backend="interpret"))(jnp.zeros(64, jnp.float32))
+    names = primitives_outside_kernels(closed.jaxpr)
+    assert "pallas_call" in names
+    assert names <= {"pallas_call", "pjit", "jit", "custom_jvp_call", "reshape"}, names
+
+
 def test_eytzinger_order_is_in_order_walk():
     for levels in range(0, 6):
         order = eytzinger_order(levels)
