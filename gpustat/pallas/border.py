@@ -209,14 +209,15 @@ def _border_kernel(meta_ref, chunks_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_
                                        _row_bump(h, ridge_t, d, unit_roundoff), 0.0), axis=1)
         bump = jnp.where(failing < first_bad, chunk_bump, bump)
         first_bad = jnp.minimum(first_bad, failing)
-        # Per-row flags and log pivots first, then one reduction over the chunk's rows each.
-        bad_rows = sum((_count_nonfinite(x, row_ok) for x in [*h.values(), *g]), start=0.0)
-        bad_rows += sum(jnp.sum(_count_nonfinite(x, True), axis=2) for x in B)
-        bad_inputs += jnp.sum(bad_rows, axis=1)
-        log_det += jnp.sum(jnp.where(row_ok, sum(jnp.log(p) for p in pivots), 0.0), axis=1)
+        for x in [*h.values(), *g]:
+            bad_inputs += jnp.sum(_count_nonfinite(x, row_ok), axis=1)
+        for x in B:
+            bad_inputs += jnp.sum(jnp.sum(_count_nonfinite(x, True), axis=2), axis=1)
+        for pivot in pivots:
+            log_det += jnp.sum(jnp.where(row_ok, jnp.log(pivot), 0.0), axis=1)
 
         # Step 2: u = L^{-1} g, Y = L^{-1} H_tb (forward substitution over p);
-        # step 3: S -= sum_i Y_i^T Y_i, rhs += sum_i Y_i^T u_i (summed over p, then rows).
+        # step 3: S -= sum_i Y_i^T Y_i, rhs += sum_i Y_i^T u_i.
         Y, u = [], []
         for p in range(d):
             y_p, u_p = B[p], g[p]
@@ -225,8 +226,8 @@ def _border_kernel(meta_ref, chunks_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_
                 u_p = u_p - L[(p, q)] * u[q]
             Y.append(y_p / L[(p, p)][:, :, None])
             u.append(u_p / L[(p, p)])
-        S -= jnp.sum(sum(y[:, :, :, None] * y[:, :, None, :] for y in Y), axis=1)
-        rhs += jnp.sum(sum(y * v[:, :, None] for y, v in zip(Y, u)), axis=1)
+            S -= jnp.sum(Y[p][:, :, :, None] * Y[p][:, :, None, :], axis=1)
+            rhs += jnp.sum(Y[p] * u[p][:, :, None], axis=1)
         return S, rhs, log_det, first_bad, bump, bad_inputs
 
     zeros_a = jnp.zeros((A,), dtype)
