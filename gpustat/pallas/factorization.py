@@ -37,9 +37,6 @@ from gpustat.reference.factorization import assemble_scores, score_dtype
 
 __all__ = ["ffm_scores", "fm_scores", "fwfm_scores", "kernel_settings"]
 
-_MODELS = ("fm", "ffm", "fwfm")
-
-
 def kernel_settings(model: str, width: int, k: int) -> dict:
     """Default ``block_rows``, ``block_w``, ``num_warps`` for a bucket.
 

@@ -54,12 +54,17 @@ def _oracle(model, P):
 class TestScoringKernels(KernelTests):
     @pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
     def test_float64_matches_oracle_with_chunked_tiles(self, model):
+        # the fixture holds empty rows, one-nonzero rows and same-field pairs
+        lengths = np.diff(PROBLEM.X.indptr)
+        assert {0, 1} <= set(lengths.tolist())
+        fields = [PROBLEM.field_ids[PROBLEM.X.indices[a:b]] for a, b in
+                  zip(PROBLEM.X.indptr[:-1], PROBLEM.X.indptr[1:])]
+        assert sum(len(f) - len(set(f.tolist())) for f in fields) >= 3
         expected = _oracle(model, PROBLEM)
         actual = np.asarray(_kernel_scores(model, self.backend, PROBLEM, np.float64,
                                            tuple(SMALL_TILES.items())))
         assert actual.dtype == np.float64
         assert np.max(np.abs(actual - expected) / np.maximum(np.abs(expected), 1)) < 1e-10
-        lengths = np.diff(PROBLEM.X.indptr)
         assert np.all(actual[lengths == 0] == PROBLEM.w0)  # empty rows score the bias
 
     @pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
