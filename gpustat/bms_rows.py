@@ -35,6 +35,7 @@ __all__ = ["BmsRows", "build_row_arrays", "flat_cubic_basis"]
 SPLIT_TOL = 1e-12
 QUAD_HALF_WIDTH = 40.0
 NEWTON_MAX_ITER = 60
+NEWTON_TOL = 1e-12
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
@@ -190,8 +191,9 @@ def _times_z(coeffs):
 
 
 def _poly_value(coeffs, z):
-    z = np.asarray(z)[..., None]
-    return np.sum(coeffs * z ** np.arange(4), axis=-1)
+    """Horner evaluation of ascending cubics (…, 4) at z (broadcast)."""
+    z = np.asarray(z)
+    return coeffs[..., 0] + z * (coeffs[..., 1] + z * (coeffs[..., 2] + z * coeffs[..., 3]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,8 +319,24 @@ def _calibration(model, a, b, q):
     return f, f_a
 
 
+def _combined(model):
+    """The model with each basis folded into its fitted spline (β = 1): C and A only."""
+    def fold(table, beta):
+        if table is None:
+            return None
+        bp, left, pieces = table
+        return bp, left, np.einsum("kjc,j->kc", pieces, beta)[:, None, :]
+
+    return _Model(np.ones(1), np.ones(1), fold(model.score, model.beta_h),
+                  fold(model.link, model.beta_w), model.s_f)
+
+
 def _solve_intercepts(model, q, b, chunk=256):
-    """Newton on F(a) = 0 per row (in chunks of rows); rows that do not converge get NaN."""
+    """Newton on F(a) = 0 per row (in chunks of rows); rows that do not converge get NaN.
+
+    Converged when the Newton step is below 1e-12 (1 + |a|): the step taken then leaves
+    an error of order its square, below the quadrature's rounding.
+    """
     if q.shape[0] > chunk:
         return np.concatenate([_solve_intercepts(model, q[i:i + chunk], b[i:i + chunk], chunk)
                                for i in range(0, q.shape[0], chunk)])
@@ -330,7 +348,7 @@ def _solve_intercepts(model, q, b, chunk=256):
             step = np.where(done, 0.0, f / f_a)
             ok = np.isfinite(step) & (f_a > 0)
             a = np.where(ok, a - step, np.nan)
-            done |= ~ok | (np.abs(step) <= 4 * np.finfo(float).eps * np.maximum(1.0, np.abs(a)))
+            done |= ~ok | (np.abs(step) <= NEWTON_TOL * (1.0 + np.abs(a)))
             if np.all(done):
                 break
     return np.where(done, a, np.nan)
@@ -343,7 +361,7 @@ def build_row_arrays(q, b, beta_h, beta_w, score_basis, link_basis, z_obs, y, w,
     model = _Model(np.asarray(beta_h, np.float64), np.asarray(beta_w, np.float64), score, link,
                    float(s_f))
     q, b, z_obs, y, w = (np.asarray(v, np.float64) for v in (q, b, z_obs, y, w))
-    a = _solve_intercepts(model, q, b)
+    a = _solve_intercepts(_combined(model), q, b)
     lo, hi, probe, valid = _partition(model, a, b)
     c, jet, jet_a, jet_b = _jets(model, probe, a[:, None], b[:, None])
     # the tails are affine by construction (constant bases); exact zeros as the spec asks
