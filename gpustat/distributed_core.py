@@ -114,8 +114,9 @@ def shard_rows(x: Any, mesh: Mesh, *, pad_value: float | int = 0) -> Any:
     """Place every leaf of ``x`` on the mesh, its leading axis split over the devices.
 
     The leading axis is padded with ``pad_value`` to a multiple of the device
-    count first (check ``.shape[0]`` against your row count; the sharded entry
-    points of :mod:`gpustat.distributed` pad and unpad for you).
+    count first. Padding rows are rows to every op that receives the array:
+    pass an unpadded array to the sharded entry points (they pad and unpad
+    themselves, with weight 0 where they reduce) or give padding rows weight 0.
 
     Args:
         x: an array or pytree of arrays with a common leading axis (n rows).

@@ -90,8 +90,11 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
     floating-point sums.
 
     Args:
-        X: (n, p) data, float32 or float64 (pass it already sharded with
-            :func:`gpustat.distributed.shard_rows` to avoid a transfer).
+        X: (n, p) data, float32 or float64. Pass it already sharded with
+            :func:`gpustat.distributed.shard_rows` to avoid a transfer, with n a
+            multiple of the device count (else the zero rows ``shard_rows`` adds
+            would count as data); otherwise pass the host array and the driver
+            pads with weight-0 rows.
         init: initial :class:`~gpustat.mixture.MixtureParams` (k components, no
             restart axis: run restarts one after another).
         mesh: 1-D mesh.
