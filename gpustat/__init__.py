@@ -18,6 +18,10 @@ from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
 from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
 from gpustat._backend import available_backends as available_backends  # noqa: E402
+from gpustat.border import BorderBatch as BorderBatch  # noqa: E402
+from gpustat.border import BorderSolution as BorderSolution  # noqa: E402
+from gpustat.border import retry_failed as retry_failed  # noqa: E402
+from gpustat.border import solve_batched_border as solve_batched_border  # noqa: E402
 from gpustat.csr import CSR as CSR  # noqa: E402
 from gpustat.estimators import FFMClassifier as FFMClassifier  # noqa: E402
 from gpustat.estimators import FFMRegressor as FFMRegressor  # noqa: E402
@@ -42,8 +46,10 @@ from gpustat.piecewise_fit import fit_piecewise as fit_piecewise  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendUnavailableError",
     "CSR",
+    "BackendUnavailableError",
+    "BorderBatch",
+    "BorderSolution",
     "FFMClassifier",
     "FFMRegressor",
     "FMClassifier",
@@ -66,5 +72,7 @@ __all__ = [
     "mixture",
     "numerics",
     "ppoly_eval",
+    "retry_failed",
+    "solve_batched_border",
     "testing",
 ]
