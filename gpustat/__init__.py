@@ -13,6 +13,7 @@ _warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
 
+from gpustat import bms as bms  # noqa: E402
 from gpustat import mixture as mixture  # noqa: E402
 from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
@@ -61,6 +62,7 @@ __all__ = [
     "PiecewisePolynomial",
     "activation",
     "available_backends",
+    "bms",
     "ffm_predict",
     "fit_piecewise",
     "fm_predict",
