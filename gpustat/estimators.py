@@ -275,22 +275,26 @@ class _FactorizationMachine(BaseEstimator):
         t[np.arange(len(y_codes)), y_codes] = 1 - eps
         return t
 
-    def _row_weights(self, X, y_codes, sample_weight, counts=None):
+    def _row_weights(self, X, y_codes, sample_weight, *, whole_data: bool):
+        """sample_weight x class_weight[y] per row (validated).
+
+        ``whole_data`` (``fit``) also requires a positive weight and two classes
+        with positive weight; ``partial_fit`` chunks may hold one class.
+        """
         sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         if not np.all(np.isfinite(sw)):
             raise ValueError("sample_weight must be finite")
-        if not np.any(sw > 0):
+        if whole_data and not np.any(sw > 0):
             raise ValueError("sample_weight must contain at least one positive weight")
         if self._is_classifier and self.class_weight is not None:
             c = len(self.classes_)
             if self.class_weight == "balanced":
-                counts = np.bincount(y_codes, minlength=c) if counts is None else counts
-                per_class = len(y_codes) / (c * np.maximum(counts, 1))
+                per_class = len(y_codes) / (c * np.maximum(np.bincount(y_codes, minlength=c), 1))
             else:
                 per_class = np.array([float(self.class_weight.get(label, 1.0))
                                       for label in self.classes_.tolist()])
             sw = sw * per_class[y_codes]
-        if self._is_classifier:
+        if whole_data and self._is_classifier:
             alive = np.unique(y_codes[sw > 0])
             if len(alive) < 2:
                 raise ValueError(f"only one class ({self.classes_[alive].tolist()}) has a "
@@ -343,7 +347,7 @@ class _FactorizationMachine(BaseEstimator):
         best = (np.inf, params, opt_state)
         stale = 0
         epochs = 0
-        total_weight = float(weights.sum())
+        total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         for order in orders:
             params, opt_state, loss_sum = fm_train.train_epoch(cfg, params, opt_state, data, order)
             epochs += 1
@@ -399,7 +403,7 @@ class _FactorizationMachine(BaseEstimator):
         X = _canonical_csr(X)
         fields = self._validate_fields(field_ids, X.shape[1], first=True)
         y_codes = self._encode(y, first=True)
-        weights = self._row_weights(X, y_codes, sample_weight)
+        weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
         rng = np.random.default_rng(self.random_state)
         eval_data = None
         if eval_set is not None:
@@ -450,11 +454,7 @@ class _FactorizationMachine(BaseEstimator):
         y_codes = self._encode(y, first=first, classes=classes)
         if len(y_codes) != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has {len(y_codes)}")
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
-        if self._is_classifier and self.class_weight is not None:
-            per_class = np.array([float(self.class_weight.get(label, 1.0))
-                                  for label in self.classes_.tolist()])
-            sw = sw * per_class[y_codes]
+        sw = self._row_weights(X, y_codes, sample_weight, whole_data=False)
         if first:
             rng = np.random.default_rng(self.random_state)
             params = self._to_internal(self._init_public(rng, X.shape[1], int(fields.max()) + 1))
@@ -485,8 +485,13 @@ class _FactorizationMachine(BaseEstimator):
         return jax.tree.map(jnp.asarray, state)
 
     def _check_resume(self, n_features, fields):
-        if n_features != self.n_features_in_ or not np.array_equal(fields, self.field_ids_):
+        # n_features_in_ is already reset to the new X here: compare with w_
+        if n_features != np.shape(self.w_)[-1] or not np.array_equal(fields, self.field_ids_):
             raise ValueError("warm_start needs the same features and field_ids as the first fit")
+        fitted_outputs = np.asarray(self.w_).shape[0] if np.ndim(self.w_) == 2 else 1
+        if fitted_outputs != self._n_outputs:
+            raise ValueError(f"warm_start needs the same classes as the first fit: fitted with "
+                             f"{fitted_outputs} outputs, now {self._n_outputs}")
 
     # ------------------------------------------------------------ prediction
 

@@ -98,6 +98,23 @@ def test_chunked_partial_fit_equals_one_pass(cls):
     assert chunked.w0_ == pytest.approx(one.w0_, rel=1e-12)
 
 
+def test_warm_start_continues_parameters_and_optimizer_state():
+    X, _, _ = _data(n=30)
+    y = np.random.default_rng(2).normal(size=30)
+    kw = dict(n_factors=3, batch_size=4, max_iter=1, random_state=3, dtype="float64",
+              optimizer="adam")
+    warm = FwFMRegressor(warm_start=True, **kw).fit(X, y)
+    warm.fit(X, y)  # resumes: no init draw, so its epoch uses the stream's first permutation
+    manual = FwFMRegressor(**kw).fit(X, y)
+    order = np.random.default_rng(3).permutation(30)
+    manual.partial_fit(X[order], y[order])
+    for name in ("w0_", "w_", "V_", "r_"):
+        np.testing.assert_allclose(getattr(warm, name), getattr(manual, name), rtol=1e-12,
+                                   atol=1e-15, err_msg=name)
+    with pytest.raises(ValueError, match="same features"):
+        warm.fit(X[:, :5], y)
+
+
 def test_ftrl_l1_gives_exact_zeros():
     X, _fields, y = _data(n=60, p=12)
     est = FFMClassifier(optimizer="ftrl", l1_linear=0.05, l1_factors=0.05, max_iter=3,
@@ -304,6 +321,16 @@ def test_bad_settings_raise(kwargs, match):
     X, _fields, y = _data()
     with pytest.raises(ValueError, match=match):
         FMClassifier(**kwargs).fit(X, y)
+
+
+def test_bad_sample_weight_raises():
+    X, _, y = _data()
+    with pytest.raises(ValueError, match="non-zero"):
+        FMClassifier().fit(X, y, sample_weight=np.zeros(len(y)))
+    with pytest.raises(ValueError, match="Negative values"):
+        FMClassifier().fit(X, y, sample_weight=-np.ones(len(y)))
+    with pytest.raises(ValueError, match="one class"):
+        FMClassifier().fit(X, y, sample_weight=(y == 1).astype(float))
 
 
 def test_partial_fit_needs_classes_first():

@@ -16,7 +16,7 @@ import pytest
 from gpustat.estimators import FFMClassifier, FwFMRegressor
 from gpustat.pallas._common import LOWERING_CASES
 from gpustat.pallas.estimators import default_block_entries, scatter_add_rows
-from tests.helpers import KernelTests, assert_lowers_for_cuda, tol
+from tests.helpers import KernelTests, tol
 from tests.oracles import fm_trainer as oracle
 
 
@@ -86,13 +86,8 @@ class TestScatterAddRows(KernelTests):
                                        atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("case", [c for c in LOWERING_CASES if c.module == "estimators"],
-                         ids=lambda c: c.name)
-def test_scatter_lowers_for_cuda(case):
-    assert_lowers_for_cuda(case.fn, case.args)
-
-
 def test_lowering_cases_cover_both_dtypes():
+    # tests/pallas/test_lowering.py lowers every registered case for CUDA
     dtypes = {c.args[1].dtype for c in LOWERING_CASES if c.module == "estimators"}
     assert dtypes == {jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)}
     assert jax.config.jax_enable_x64
