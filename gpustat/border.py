@@ -310,7 +310,8 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     Args:
         batch: the batch that was solved.
         solution: its solution.
-        ridge_t, ridge_beta: the ridges it was solved with (scalar or ``(b,)``).
+        ridge_t: the row ridge it was solved with (scalar or ``(b,)``).
+        ridge_beta: the border ridge it was solved with (scalar or ``(b,)``).
         max_rounds: most re-solves.
         backend: as in :func:`solve_batched_border`.
 
