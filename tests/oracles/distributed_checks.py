@@ -162,6 +162,12 @@ def check_suff_stats():
     # numpy oracle of the counts: sum_i w_i r_ij
     r = np.asarray(mixture.responsibilities(X, params, backend="reference"))
     errs["counts_numpy"] = _err(got.counts, (w[:, None] * r).sum(0))
+    # vmap over two parameter sets (e.g. restarts): a batched shard_map
+    shifted = dataclasses.replace(params, means=params.means + 0.3)
+    both = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, shifted)
+    got = jax.vmap(lambda prm: distributed.suff_stats(X, prm, mesh, w, backend="reference"))(both)
+    expected = [mixture.suff_stats(X, prm, w, backend="reference") for prm in (params, shifted)]
+    errs["vmap"] = _err(got, jax.tree.map(lambda a, b: jnp.stack([a, b]), *expected))
     assert max(errs.values()) < 1e-11, errs
     return errs
 
@@ -275,8 +281,9 @@ def check_border():
     ridge_t = np.linspace(0.0, 0.4, len(sizes))
     errs = {}
     for backend in BACKENDS:
-        got = distributed.solve_batched_border(sharded, ridge_t, 0.1, mesh,
-                                               backend=backend).gather()
+        solve = jax.jit(lambda b, be=backend: distributed.solve_batched_border(
+            b, ridge_t, 0.1, mesh, backend=be))
+        got = solve(sharded).gather()
         ref = border.solve_batched_border(batch, ridge_t, 0.1, backend="reference")
         assert np.array_equal(np.asarray(got.status), np.asarray(ref.status)), backend
         errs[backend] = _err(jax.tree.map(jnp.nan_to_num, got), jax.tree.map(jnp.nan_to_num, ref))
