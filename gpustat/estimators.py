@@ -220,7 +220,10 @@ class _FactorizationMachine(BaseEstimator):
                 value = value[None]
             out[name] = value if name in ("w0", "r") else np.moveaxis(value, 0, 1)
         p, n_fields = out["w"].shape[0], self._n_fields_of(public)
-        p_pad, f_pad = fm_train.bucket(p, 16), fm_train.bucket(n_fields, 1)
+        p_pad = fm_train.bucket(p, 16)
+        # fields: at least 8 while the padded FFM table stays small (few compiles)
+        small = p_pad * 8 * out["w"].shape[1] * self.n_factors <= 1 << 22
+        f_pad = fm_train.bucket(n_fields, 8 if small and self._model != "fm" else 1)
         pads = {"w": [(0, p_pad - p), (0, 0)], "V": [(0, p_pad - p)] + [(0, 0)] * 2}
         if self._model == "ffm":
             pads["V"] = [(0, p_pad - p), (0, 0), (0, f_pad - n_fields), (0, 0)]
