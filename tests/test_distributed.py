@@ -46,23 +46,24 @@ def _run_checks(interpret: bool) -> dict:
     return results
 
 
-@pytest.fixture(scope="module")
-def four_device_results():
-    return _run_checks(interpret=False)
+def _assert_all_passed(results: dict) -> None:
+    missing = [name for name in CHECKS if name not in results]
+    failed = {name: row["detail"] for name, row in results.items() if not row["ok"]}
+    assert not missing and not failed, f"missing: {missing}\n" + "\n".join(
+        f"--- {name}\n{detail}" for name, detail in failed.items())
 
 
-@pytest.mark.parametrize("name", CHECKS)
-def test_sharded_equals_unsharded(four_device_results, name):
-    row = four_device_results.get(name)
-    assert row is not None, f"check {name} did not report"
-    assert row["ok"], row["detail"]
+def test_sharded_equals_unsharded():
+    """Every check of tests.oracles.distributed_checks on 4 devices, reference backends.
+
+    One test (not one per check) so that pytest-xdist starts the subprocess once.
+    """
+    _assert_all_passed(_run_checks(interpret=False))
 
 
 @pytest.mark.slow
 def test_sharded_kernels_in_interpret_mode():
-    results = _run_checks(interpret=True)
-    failed = {k: v["detail"] for k, v in results.items() if not v["ok"]}
-    assert set(results) == set(CHECKS) and not failed, failed
+    _assert_all_passed(_run_checks(interpret=True))
 
 
 def test_one_device_mesh_under_jit():
