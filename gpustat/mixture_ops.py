@@ -4,10 +4,15 @@ Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "inte
 and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
 "tf32x3" = three TF32 tensor-core products; plain TF32 is never used). float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
-p <= 32 features; "auto" uses the reference beyond that.
+p <= 32 features; "auto" uses the reference beyond that. On kernel paths the public ops
+shift X by sum_j w_j mu_j (by the data mean for labels) before the quadratic-feature
+logits and shift the moments back, so uncentred float32 data keep their accuracy; the
+drivers, which centre X themselves, call the kernels directly.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
@@ -49,6 +54,23 @@ def _prepare(X, params, op, backend, precision):
     return X, params, resolve_mixture_backend(backend, X.shape[1], op)
 
 
+def _centred(X, params: MixtureParams):
+    """X - s and the means - s, s = sum_j w_j mu_j: the kernels' quadratic-feature logits
+    cancel like |x - s|^2 eps, so a common shift near the data keeps float32 accurate."""
+    shift = params.weights @ params.means
+    return X - shift, dataclasses.replace(params, means=params.means - shift), shift
+
+
+def _unshift_stats(stats: SuffStats, shift) -> SuffStats:
+    """Raw moments of x from those of x - s: S1 + N s, S2 + S1 s^T + s S1^T + N s s^T."""
+    n = stats.counts[:, None]
+    sum_x = stats.sum_x + n * shift
+    cross = stats.sum_x[:, :, None] * shift[None, None, :]
+    sum_xx = (stats.sum_xx + cross + jnp.swapaxes(cross, 1, 2)
+              + n[:, :, None] * shift[:, None] * shift[None, :])
+    return SuffStats(stats.counts, sum_x, sum_xx, stats.loglik)
+
+
 def _kernel_kwargs(path, precision):
     return {"interpret": path == "interpret", "precision": precision}
 
@@ -70,7 +92,8 @@ def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = 
     X, params, path = _prepare(X, params, "mvn_logpdf", backend, precision)
     if path == "reference":
         return _reference.mvn_logpdf(X, params)
-    return _kernels.mvn_logpdf(X, params, **_kernel_kwargs(path, precision))
+    Xs, params_s, _ = _centred(X, params)
+    return _kernels.mvn_logpdf(Xs, params_s, **_kernel_kwargs(path, precision))
 
 
 def log_prob(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
@@ -89,7 +112,8 @@ def log_prob(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "a
     X, params, path = _prepare(X, params, "log_prob", backend, precision)
     if path == "reference":
         return _reference.log_prob(X, params)
-    return _kernels.log_prob(X, params, **_kernel_kwargs(path, precision))
+    Xs, params_s, _ = _centred(X, params)
+    return _kernels.log_prob(Xs, params_s, **_kernel_kwargs(path, precision))
 
 
 def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
@@ -109,8 +133,9 @@ def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: 
     if path == "reference":
         return _reference.responsibilities(X, params)
     kw = _kernel_kwargs(path, precision)
-    log_dens = _kernels.mvn_logpdf(X, params, **kw)
-    lse = _kernels.log_prob(X, params, **kw)
+    Xs, params_s, _ = _centred(X, params)
+    log_dens = _kernels.mvn_logpdf(Xs, params_s, **kw)
+    lse = _kernels.log_prob(Xs, params_s, **kw)
     return jnp.exp(log_dens + jnp.log(params.weights) - lse[:, None])
 
 
@@ -124,8 +149,9 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     logits per row tile and accumulates the statistics in registers.
 
     Args:
-        X: (n, p) data, float32 or float64. Centre it first (the fit drivers do) so
-            that covariances formed from these raw moments do not cancel.
+        X: (n, p) data, float32 or float64. The moments returned are raw (about the
+            origin); centre X first (the fit drivers do) when covariances will be formed
+            from them, so that S2 / N - mu mu^T does not cancel.
         params: :class:`MixtureParams` (m components).
         sample_weight: optional (n,) non-negative row weights w_i (default 1).
         backend: "auto", "pallas", "reference" or "interpret".
@@ -137,7 +163,11 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     """
     X, params, path = _prepare(X, params, "suff_stats", backend, precision)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
-    return dispatch_suff_stats(X, params, w, path=path, precision=precision)
+    if path == "reference":
+        return dispatch_suff_stats(X, params, w, path=path, precision=precision)
+    Xs, params_s, shift = _centred(X, params)
+    return _unshift_stats(dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision),
+                          shift)
 
 
 def dispatch_suff_stats(X, params, w, *, path: str, precision: str) -> SuffStats:
@@ -168,6 +198,8 @@ def sample_labels(key, X: Float[Array, "n p"], params: MixtureParams, *,
         (n,) int32 labels in [0, m) (and the (n,) log-likelihoods when asked).
     """
     X, params, path = _prepare(X, params, "sample_labels", backend, precision)
+    if path != "reference":
+        X, params, _ = _centred(X, params)
     return dispatch_sample_labels(key, X, params, path=path, precision=precision,
                                   return_log_prob=return_log_prob)
 
@@ -204,8 +236,13 @@ def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_c
     labels = check_labels(labels, X.shape[0], n_components)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels")
-    return dispatch_suff_stats_from_labels(X, labels, n_components, w, path=path,
-                                           precision=precision)
+    if path == "reference":
+        return dispatch_suff_stats_from_labels(X, labels, n_components, w, path=path,
+                                               precision=precision)
+    shift = jnp.mean(X, axis=0)
+    stats = dispatch_suff_stats_from_labels(X - shift, labels, n_components, w, path=path,
+                                            precision=precision)
+    return _unshift_stats(stats, shift)
 
 
 def dispatch_suff_stats_from_labels(X, labels, n_components, w, *, path: str,

@@ -54,6 +54,26 @@ def test_ops_match_reference_under_jit_and_vmap(blobs, params):
     assert_close(hard.counts[1], jnp.bincount(labels, length=3), rtol=0)
 
 
+def test_kernel_ops_keep_float32_accuracy_on_uncentred_data(blobs, params):
+    """Public kernel paths shift X by sum_j w_j mu_j: an offset of 1000 costs no accuracy."""
+    offset = 1000.0
+    X64 = jnp.asarray(blobs) + offset
+    p64 = mixture.MixtureParams.from_covariances(params.weights, params.means + offset,
+                                                 params.covariances)
+    p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p64)
+    want = ref.log_prob(X64, p64)
+    got = mixture.log_prob(X64.astype(jnp.float32), p32, backend="interpret")
+    assert float(jnp.max(jnp.abs(got - want))) < 1e-3
+    stats = mixture.suff_stats(X64, p64, backend="interpret")
+    oracle = ref.suff_stats(X64, p64)
+    assert_close(stats.sum_x, oracle.sum_x, rtol=1e-12)
+    assert_close(stats.sum_xx, oracle.sum_xx, rtol=1e-12)
+    labels = mixture.sample_labels(jax.random.key(2), X64, p64, backend="interpret")
+    assert_close(labels, ref.sample_labels(jax.random.key(2), X64, p64), rtol=0)
+    hard = mixture.suff_stats_from_labels(X64, labels, 3, backend="interpret")
+    assert_close(hard.sum_xx, ref.suff_stats_from_labels(X64, labels, 3).sum_xx, rtol=1e-12)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_data_raises(blobs, params, bad):
     X = blobs.copy()
