@@ -215,11 +215,10 @@ def scores_forward(model: str):
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
-    """Configurations the CPU tests compile for sm_90: both models, both dtypes, two widths."""
+    """Configurations the CPU tests compile for sm_90: both models, three dtypes and widths."""
     cases = []
-    for model, dtype, width in [("ffm", jnp.float32, 16), ("fwfm", jnp.float32, 16),
-                                ("ffm", jnp.float64, 64), ("fwfm", jnp.float64, 2),
-                                ("ffm", jnp.bfloat16, 8)]:
+    for model, dtype, width in [("ffm", jnp.float32, 16), ("fwfm", jnp.float64, 64),
+                                ("ffm", jnp.bfloat16, 2)]:
         acc = score_dtype(jnp.zeros((), dtype))
         constexprs, num_warps = _constexprs(model, width, 1000, 8, 16, acc, {})
         arg_dtypes = (jnp.int32, jnp.int32, jnp.int32, dtype, jnp.int32, jnp.int32,

@@ -1,0 +1,201 @@
+"""Benchmarks: jax-triton kernels vs the Pallas kernels vs XLA's reference, one run.
+
+Piecewise evaluation (the cases of ``bench_piecewise.py``: P = 256 cubic pieces
+on [-8, 8], sinh-graded or uniform breakpoints):
+
+* N = 2^26 points (far beyond L2): float32 search and uniform, bfloat16 search
+  and uniform, float64 search and uniform; bytes moved = x read + y written;
+* N = 2e6 (torchPACE's shape, L2-resident: rotating buffers, 10 calls per
+  repetition), float32 search and uniform.
+
+FM scoring (the spec's CTR anchor): 2^18 rows, one feature in each of 16 fields
+(16 nonzeros per row, Zipf-like feature frequencies over 100k features), k = 8;
+FFM and FwFM, float32 and float64.
+
+Every kernel output is checked against XLA's reference at the benchmark size
+before it is timed. Each case records Pallas (its default settings, the ones
+``"auto"`` runs), Triton (several launch settings; ``default`` marks the one the
+wrapper uses) and XLA; ``speedup_vs_pallas`` compares Triton with Pallas's default.
+Without a CUDA GPU the script runs one tiny case of each kind in the interpreters (a smoke
+test).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.bench_piecewise import make_pp, points
+from benchmarks.harness import Recorder, check_close, main_from_args, rotating_copies, time_fn
+from gpustat._backend import cuda_gpu_available
+from gpustat.csr import CSR
+from gpustat.pallas import factorization as pallas_fm
+from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
+from gpustat.reference import factorization as reference_fm
+from gpustat.reference.piecewise import ppoly_eval_reference
+
+NUM_PIECES, DEGREE = 256, 3
+# Triton launch settings tried per piecewise case: (block_n, num_warps); None = default
+PPOLY_VARIANTS = [None, (1024, 4), (512, 4), (2048, 8), (4096, 8)]
+# FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
+FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
+FM_ROWS, FM_FIELDS, FM_FEATURES, FM_K = 1 << 18, 16, 100_000, 8
+
+
+def _ppoly_fns(pp, interpret: bool):
+    """(pallas, triton(settings), xla) jitted evaluations of ``pp`` on a stream x."""
+    from gpustat.triton.piecewise import ppoly_eval_triton
+
+    keys, rows, params = kernel_tables(np.asarray(pp.breakpoints), np.asarray(pp.coeffs),
+                                       pp.uniform)
+    statics = dict(num_pieces=NUM_PIECES, degree=DEGREE, uniform=pp.uniform, interpret=interpret)
+    pallas = jax.jit(functools.partial(ppoly_eval_tables, keys, rows, params, **statics))
+
+    def triton(variant):
+        extra = {} if variant is None else {"block_n": variant[0], "num_warps": variant[1]}
+        return jax.jit(functools.partial(ppoly_eval_triton, keys, rows, params, **statics,
+                                         **extra))
+
+    xla = jax.jit(functools.partial(ppoly_eval_reference, pp.breakpoints, pp.coeffs,
+                                    uniform=pp.uniform))
+    return pallas, triton, xla
+
+
+def _record_case(rec, name, shape, dtype, timings, nbytes, items, item_name, errors, labels):
+    """Record xla, pallas and every triton variant of one case; return the summary row."""
+    xla_ms, pallas_ms = timings["xla"].median_ms, timings["pallas"].median_ms
+    common = dict(shape=shape, dtype=dtype, bytes_moved=nbytes, items=items, item_name=item_name)
+    rec.record(f"{name}/xla_reference", backend="xla", timing=timings["xla"], **common)
+    rec.record(f"{name}/pallas", backend="pallas", timing=timings["pallas"],
+               baseline=f"{name}/xla_reference",
+               extra={"max_rel_error": errors["pallas"], "speedup_vs_xla": xla_ms / pallas_ms,
+                      "settings": "default"}, **common)
+    triton_keys = [k for k in timings if k not in ("xla", "pallas")]
+    best = min(triton_keys, key=lambda k: timings[k].median_ms)
+    for key in triton_keys:
+        ms = timings[key].median_ms
+        rec.record(f"{name}/triton", backend="triton", timing=timings[key],
+                   baseline=f"{name}/pallas",
+                   extra={"max_rel_error": errors[key], "settings": labels[key],
+                          "default": key == triton_keys[0], "best_variant": key == best,
+                          "speedup_vs_pallas": pallas_ms / ms, "speedup_vs_xla": xla_ms / ms},
+                   **common)
+    return (name, xla_ms, pallas_ms, timings[triton_keys[0]].median_ms,
+            timings[best].median_ms, labels[best])
+
+
+def _piecewise_cases(rec, on_gpu: bool, quick: bool):
+    big = 1 << 26 if on_gpu else 1 << 9
+    small = 2_000_000 if on_gpu else 300
+    variants = PPOLY_VARIANTS if on_gpu else PPOLY_VARIANTS[:2]
+    labels = {v: "default" if v is None else f"block_n={v[0]},num_warps={v[1]}"
+              for v in variants}
+    cases = [("search", np.float32, jnp.float32, big), ("uniform", np.float32, jnp.float32, big),
+             ("search", np.float32, jnp.bfloat16, big), ("uniform", np.float32, jnp.bfloat16, big),
+             ("search", np.float64, jnp.float64, big), ("uniform", np.float64, jnp.float64, big),
+             ("search", np.float32, jnp.float32, small),
+             ("uniform", np.float32, jnp.float32, small)]
+    summary = []
+    for grid, table_dtype, x_dtype, n in cases if on_gpu else cases[:1]:
+        pp = make_pp(grid == "uniform", table_dtype)
+        pallas, triton, xla = _ppoly_fns(pp, interpret=not on_gpu)
+        cached = n < 1 << 24
+        sets = (rotating_copies(lambda i, n=n, d=x_dtype: (points(n, d, 10 + i),),
+                                n * jnp.dtype(x_dtype).itemsize) if cached
+                else [(points(n, x_dtype, 1),)])
+        calls = 10 if cached else 1
+        expected = xla(*sets[0])
+        f64 = jnp.dtype(x_dtype) == jnp.float64
+        tol = dict(rtol=1e-2, atol=8.0) if x_dtype == jnp.bfloat16 else (
+            dict(rtol=1e-12, atol=1e-9) if f64 else dict(rtol=2e-6, atol=2e-3))
+        fns = {"pallas": pallas, **{v: triton(v) for v in variants}}
+        errors, timings = {}, {}
+        size = {1 << 26: "2^26", 2_000_000: "2e6"}.get(n, str(n))
+        name = f"{grid}_{jnp.dtype(x_dtype).name}_N{size}"
+        for key, fn in fns.items():
+            errors[key] = check_close(f"{name}/{key}", fn(*sets[0]), expected, **tol)
+            timings[key] = time_fn(fn, sets, calls_per_repeat=calls)
+        timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
+        nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
+        summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name, timings, nbytes, n,
+                                    "points", errors, labels))
+    return summary
+
+
+def ctr_rows(n: int, seed: int = 0) -> tuple[CSR, np.ndarray]:
+    """One-hot rows: one feature per field, Zipf-like within each field's block of features."""
+    rng = np.random.default_rng(seed)
+    per_field = FM_FEATURES // FM_FIELDS
+    rank = np.minimum(rng.zipf(1.2, size=(n, FM_FIELDS)) - 1, per_field - 1)
+    indices = (np.arange(FM_FIELDS) * per_field + rank).reshape(-1).astype(np.int32)
+    indptr = np.arange(n + 1, dtype=np.int64) * FM_FIELDS
+    field_ids = np.repeat(np.arange(FM_FIELDS), per_field).astype(np.int32)
+    field_ids = np.concatenate([field_ids, np.full(FM_FEATURES - field_ids.size, FM_FIELDS - 1,
+                                                   np.int32)])
+    X = CSR(np.ones(indices.size, np.float32), indices, indptr, (n, FM_FEATURES))
+    return X, field_ids
+
+
+def _fm_cases(rec, on_gpu: bool, quick: bool):
+    from gpustat.triton import factorization as triton_fm
+
+    n = FM_ROWS if on_gpu else 64
+    variants = list(range(len(FM_VARIANTS) if on_gpu else 2))
+    labels = {i: ", ".join(f"{k}={v}" for k, v in FM_VARIANTS[i].items()) or "default"
+              for i in variants}
+    X32, field_ids = ctr_rows(n)
+    rng = np.random.default_rng(1)
+    summary = []
+    for dtype in (jnp.float32, jnp.float64) if on_gpu else (jnp.float64,):
+        X = X32 if dtype == jnp.float32 else X32.with_data(X32.data.astype(jnp.float64))
+        fields = jnp.asarray(field_ids)
+        w0 = jnp.asarray(0.1, dtype)
+        w = jnp.asarray(rng.normal(0, 0.1, FM_FEATURES), dtype)
+        for model in ("ffm", "fwfm") if on_gpu else ("fwfm",):
+            shape_v = (FM_FEATURES, FM_FIELDS, FM_K) if model == "ffm" else (FM_FEATURES, FM_K)
+            V = jnp.asarray(rng.normal(0, 0.1, shape_v), dtype)
+            args = (X, fields, w0, w, V)
+            if model == "fwfm":
+                args = (*args, jnp.asarray(rng.normal(1, 0.2, (FM_FIELDS, FM_FIELDS)), dtype))
+            ref_fn = jax.jit(getattr(reference_fm, f"{model}_scores"))
+            pallas = jax.jit(functools.partial(getattr(pallas_fm, f"{model}_scores"),
+                                               interpret=not on_gpu))
+            fns = {"pallas": pallas}
+            for i in variants:
+                fns[i] = jax.jit(functools.partial(getattr(triton_fm, f"{model}_scores"),
+                                                   interpret=not on_gpu, **FM_VARIANTS[i]))
+            expected = ref_fn(*args)
+            scale = float(jnp.max(jnp.abs(expected)))
+            f64 = dtype == jnp.float64
+            tol = dict(rtol=1e-12, atol=1e-12 * scale) if f64 else dict(rtol=2e-5,
+                                                                        atol=2e-5 * scale)
+            errors, timings = {}, {}
+            name = f"{model}_{jnp.dtype(dtype).name}_n{n}_f{FM_FIELDS}_k{FM_K}"
+            for key, fn in fns.items():
+                errors[key] = check_close(f"{name}/{key}", fn(*args), expected, **tol)
+                timings[key] = time_fn(fn, [args])
+            timings["xla"] = time_fn(ref_fn, [args])
+            summary.append(_record_case(rec, name, (n, FM_FIELDS), jnp.dtype(dtype).name,
+                                        timings, None, n, "rows", errors, labels))
+    return summary
+
+
+def run(quick: bool = True, out: Path | None = None) -> None:
+    on_gpu = cuda_gpu_available()
+    rec = Recorder("triton", out)
+    copy_gbs = rec.measure_copy(1 << 30 if on_gpu else 1 << 22)
+    summary = _piecewise_cases(rec, on_gpu, quick) + _fm_cases(rec, on_gpu, quick)
+    print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s on {rec.device}")
+    print(f"{'case':34s} {'xla ms':>9s} {'pallas ms':>10s} {'triton ms':>10s} "
+          f"{'best ms':>9s} {'pallas/triton':>13s}  best triton settings")
+    for name, xla_ms, pallas_ms, triton_ms, best_ms, label in summary:
+        print(f"{name:34s} {xla_ms:9.4f} {pallas_ms:10.4f} {triton_ms:10.4f} {best_ms:9.4f} "
+              f"{pallas_ms / triton_ms:13.2f}  {label}")
+
+
+if __name__ == "__main__":
+    main_from_args(run, "triton")
