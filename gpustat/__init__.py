@@ -14,6 +14,7 @@ _warnings.filterwarnings(
 )
 
 from gpustat import bms as bms  # noqa: E402
+from gpustat import distributed as distributed  # noqa: E402
 from gpustat import mixture as mixture  # noqa: E402
 from gpustat import numerics as numerics  # noqa: E402
 from gpustat import testing as testing  # noqa: E402
@@ -63,6 +64,7 @@ __all__ = [
     "activation",
     "available_backends",
     "bms",
+    "distributed",
     "ffm_predict",
     "fit_piecewise",
     "fm_predict",
