@@ -125,3 +125,16 @@ class TestEMEqualsSklearnThroughKernels(KernelTests):
                          err_msg=name)
         assert abs(ours.lower_bound_ - theirs.lower_bound_) <= 1e-8 * abs(theirs.lower_bound_)
         assert_close(ours.score_samples(X), theirs.score_samples(X), rtol=1e-8)
+
+
+class TestBatchedRestartsThroughKernels(KernelTests):
+    def test_vmapped_restarts_match_the_reference(self, clustered):
+        X = jnp.asarray(clustered)
+        starts = [MixtureParams.from_covariances(jnp.array([0.3, 0.3, 0.4]), X[s:s + 3],
+                                                 jnp.broadcast_to(jnp.eye(3), (3, 3, 3)))
+                  for s in (0, 20)]
+        init = jax.tree.map(lambda *a: jnp.stack(a), *starts)
+        got = mixture.fit_em(X, init, tol=0.0, max_iter=4, backend=self.backend)
+        want = mixture.fit_em(X, init, tol=0.0, max_iter=4, backend="reference")
+        assert_close(got.restart_lower_bounds, want.restart_lower_bounds, rtol=1e-10)
+        assert_close(got.params.means, want.params.means, rtol=1e-10, atol=1e-12)
