@@ -369,10 +369,11 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     n = len(orders[0])
     n_batches = -(-n // bsz)
     slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
-    # epochs padded to a power of two, at least 16 while that stays under 4M slots
-    # (one compile serves max_iter = 1..16 on small data); the last row is padding
-    # (weight 0): it fills the tail of the last batch and the unused epochs
-    small_data_epochs = min(16, next_pow2((1 << 22) // slots + 1) // 2)
+    # epochs padded to a power of two, at least 16 while that stays under 256K slots
+    # (one compile serves max_iter = 1..16 on small data; big data pay no extra
+    # transfer); the last row is padding (weight 0): it fills the tail of the
+    # last batch and the unused epochs
+    small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
     e_pad = max(next_pow2(len(orders)), small_data_epochs)
     padded = np.full((e_pad, slots), n_pad - 1, np.int32)
     padded[: len(orders), :n] = np.asarray(orders)
