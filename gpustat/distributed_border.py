@@ -64,10 +64,14 @@ class BorderPlan:
         g, s = np.nonzero(self.slot_atom >= 0)
         atoms = self.slot_atom[g, s]
         sizes = orig_off[atoms + 1] - orig_off[atoms]
-        within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        index[np.repeat(orig_off[atoms], sizes) + within] = (
-            np.repeat(g * local_size + local_off[s], sizes) + within)
+        index[_spans(orig_off[atoms], sizes)] = _spans(g * local_size + local_off[s], sizes)
         return index
+
+
+def _spans(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(start, start + size)`` over the pairs."""
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return np.repeat(starts, sizes) + within
 
 
 def _plan(layout: border.BorderLayout, n_devices: int) -> BorderPlan:
@@ -107,9 +111,7 @@ def _local_arrays(batch: border.BorderBatch, plan: BorderPlan, g: int):
         src = getattr(lay, offsets)
         dst = getattr(loc, offsets)
         sizes_a = src[atoms[slots] + 1] - src[atoms[slots]]
-        within = np.arange(int(sizes_a.sum())) - np.repeat(np.cumsum(sizes_a) - sizes_a, sizes_a)
-        out[name][np.repeat(dst[slots], sizes_a) + within] = \
-            host[name][np.repeat(src[atoms[slots]], sizes_a) + within]
+        out[name][_spans(dst[slots], sizes_a)] = host[name][_spans(src[atoms[slots]], sizes_a)]
     for s in np.flatnonzero(~real):  # dummy atoms: identity blocks, zero everything else
         r0, r1 = loc.row_offsets[s], loc.row_offsets[s + 1]
         out["H_tt"][r0:r1] = np.eye(d)
@@ -180,7 +182,17 @@ class ShardedBorderSolution:
 
 
 def _slot_ridges(name, ridge, plan: BorderPlan, dtype):
-    """Scalar ridges stay scalar; per-atom (b,) ridges follow their atoms (dummies get 0)."""
+    """(D, b_local) slot ridges: per-atom (b,) ridges follow their atoms (dummies get 0).
+
+    Concrete ridges must be finite and >= 0 (checked here: inside ``shard_map`` the
+    single-device solve sees tracers and skips its own value check).
+    """
+    if not isinstance(ridge, jax.core.Tracer):
+        values = np.asarray(ridge, np.float64)
+        if not np.all(np.isfinite(values) & (values >= 0)):
+            raise ValueError(f"{name} must be finite and >= 0, got min "
+                             f"{np.nanmin(values, initial=0)} (non-finite: "
+                             f"{int(np.sum(~np.isfinite(values)))})")
     ridge = jnp.asarray(ridge, dtype)
     if ridge.ndim == 0:
         return jnp.broadcast_to(ridge, plan.slot_atom.shape)

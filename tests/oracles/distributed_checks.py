@@ -288,6 +288,10 @@ def check_border():
         assert np.array_equal(np.asarray(got.status), np.asarray(ref.status)), backend
         errs[backend] = _err(jax.tree.map(jnp.nan_to_num, got), jax.tree.map(jnp.nan_to_num, ref))
     assert int(np.asarray(got.status)[4]) != 0
+    _raises(lambda: distributed.solve_batched_border(sharded, -1.0, 0.1, mesh), ValueError,
+            "ridge_t")
+    _raises(lambda: distributed.solve_batched_border(sharded, np.ones(3), 0.1, mesh), ValueError,
+            "ridge_t")
     assert max(errs.values()) < 1e-12, errs
     return {**errs, "slots_per_device": sharded.plan.local.num_atoms}
 
