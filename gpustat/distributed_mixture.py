@@ -95,8 +95,10 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
             multiple of the device count (else the zero rows ``shard_rows`` adds
             would count as data); otherwise pass the host array and the driver
             pads with weight-0 rows.
-        init: initial :class:`~gpustat.mixture.MixtureParams` (k components, no
-            restart axis: run restarts one after another).
+        init: initial :class:`~gpustat.mixture.MixtureParams` (k components); a
+            leading (r,) axis on every array runs r restarts batched (``vmap``
+            inside ``shard_map``: one ``psum`` of r statistics per iteration) and
+            returns the one with the largest final lower bound.
         mesh: 1-D mesh.
         sample_weight: optional (n,) non-negative weights.
         tol, max_iter, reg_covar, weight_prior, component_prior: as the single-device op.
@@ -106,17 +108,19 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
         :class:`~gpustat.mixture.EMResult`, replicated on every device.
 
     Raises:
-        ValueError: as :func:`gpustat.mixture.fit_em`, or ``init`` has a restart axis.
+        ValueError: as :func:`gpustat.mixture.fit_em`.
     """
     X = check_data(X)
-    if init.weights.ndim != 1:
-        raise ValueError(f"init must hold one start (weights (k,)), got "
-                         f"{init.weights.shape=}; run restarts one after another")
+    if init.weights.ndim not in (1, 2):
+        raise ValueError(f"init.weights must be (k,) or, with restarts, (r, k), got "
+                         f"{init.weights.shape=}")
     if reg_covar < 0:
         raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
     if max_iter < 0:
         raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
-    init = check_params(init, X.shape[1], X.dtype)
+    batched = init.weights.ndim == 2
+    check_params(jax.tree.map(lambda a: a[0], init) if batched else init, X.shape[1], X.dtype)
+    init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
     axis = row_axis(mesh)
@@ -124,9 +128,21 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
         _em_block, axis=axis, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
         weight_prior=weight_prior, component_prior=component_prior, backend=backend,
         precision=precision)
+    if batched:
+        block = jax.vmap(block, in_axes=(None, None, 0))
     row, shared = PartitionSpec(axis), PartitionSpec()
-    return jax.shard_map(block, mesh=mesh, in_specs=(row, row, shared), out_specs=shared,
-                         check_vma=False)(*_rows_in(mesh, X, w), init)
+    result = jax.shard_map(block, mesh=mesh, in_specs=(row, row, shared), out_specs=shared,
+                           check_vma=False)(*_rows_in(mesh, X, w), init)
+    return _best_restart(result) if batched else result
+
+
+def _best_restart(result: mixture.EMResult) -> mixture.EMResult:
+    """The restart with the largest final lower bound among those with status OK."""
+    ok = result.status == mixture.STATUS_OK
+    best = jnp.argmax(jnp.where(ok, jnp.nan_to_num(result.lower_bound, nan=-jnp.inf), -jnp.inf))
+    pick = jax.tree.map(lambda a: a[best], result)
+    return dataclasses.replace(pick, status=jnp.min(result.status),
+                               restart_lower_bounds=result.lower_bound)
 
 
 def gibbs_sweep(key, X: Float[Array, "n p"], w: Float[Array, " n"], state: mixture.GibbsState,

@@ -181,8 +181,15 @@ def check_fit_em():
     assert int(got.n_iter) == int(ref.n_iter) and int(got.status) == int(ref.status)
     errs = {"params": _err(got.params, ref.params),
             "lower_bounds": _err(jnp.nan_to_num(got.lower_bounds), jnp.nan_to_num(ref.lower_bounds))}
-    _raises(lambda: distributed.fit_em(X, jax.tree.map(lambda a: a[None], params), mesh),
-            ValueError, "init")
+    # two restarts batched by vmap inside shard_map, vs the single-device restarts
+    shifted = dataclasses.replace(params, means=params.means[::-1])
+    starts = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, shifted)
+    best = distributed.fit_em(X, starts, mesh, max_iter=5, backend="reference")
+    best_ref = mixture.fit_em(X, starts, max_iter=5, backend="reference")
+    errs["restarts"] = _err((best.params, best.restart_lower_bounds),
+                            (best_ref.params, best_ref.restart_lower_bounds))
+    _raises(lambda: distributed.fit_em(X, jax.tree.map(lambda a: a[None, None], params), mesh),
+            ValueError, "init.weights")
     assert max(errs.values()) < 1e-10, errs
     return {**errs, "n_iter": int(got.n_iter)}
 
