@@ -11,7 +11,9 @@ from gpustat.pallas.border import KernelConfig, plan_buckets, solve_border_palla
 from tests.helpers import KernelTests, assert_close
 from tests.oracles.border_dense import assert_matches_dense
 from tests.oracles.border_golden import (
+    GOLDEN_D2,
     GOLDEN_RIDGE,
+    check_golden,
     failing_d2_atoms,
     golden_d2_atoms,
     random_pd_atoms,
@@ -57,6 +59,8 @@ class TestBorderKernel(KernelTests):
         assert_same_solution(got, want, rtol=1e-12)
         checked = [a for a in range(3) if int(want.status[a]) != 3]
         assert_matches_dense(atoms, got, ridge, ridge, only=checked)
+        if values is golden_d2_atoms:
+            check_golden(got, GOLDEN_D2)
 
     @pytest.mark.parametrize("d", [1, 2, 3, 4])
     def test_random_pd_batches_match_dense(self, d):
@@ -64,6 +68,8 @@ class TestBorderKernel(KernelTests):
         sol = solve_batched_border(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE,
                                    backend=self.backend)
         assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
+            check_golden(sol, [None, None, (3, 1, 2, 1.0)])
 
     @pytest.mark.slow
     def test_streamed_and_packed_tiles_match_dense(self):
