@@ -90,6 +90,8 @@ def test_bad_input():
         distributed.shard_rows(jnp.ones(3), two_d)
     with pytest.raises(ValueError, match="leading"):
         distributed.shard_rows({"a": jnp.ones(3), "b": jnp.ones(2)}, mesh)
+    with pytest.raises(ValueError, match="share their leading axis"):
+        distributed.map_rows(lambda rows, _: rows, mesh, (jnp.ones(3), jnp.ones(2)))
     with pytest.raises(TypeError, match="X must be"):
         distributed.shard_csr(np.ones((2, 2)), mesh)
     with pytest.raises(TypeError, match="BorderBatch"):
