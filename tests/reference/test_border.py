@@ -89,3 +89,16 @@ def test_empty_batch_is_an_empty_result():
     sol = solve_batched_border(batch, 0.0, 0.0, backend=BACKEND)
     assert sol.delta_t.shape == (0, 2) and sol.delta_beta.shape == (0,)
     assert sol.log_det.shape == sol.status.shape == sol.row.shape == sol.bump.shape == (0,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n, d, k, ridge", [
+    (8, 6, 4, 0.0), (12, 10, 5, 0.0), (8, 16, 5, 0.0), (4, 30, 5, 0.0),
+    (6, 12, 4, 1e-12), (6, 12, 4, 1e-9), (6, 12, 4, 1e-6), (6, 12, 4, 1e-3), (6, 12, 4, 1e-2),
+    (5, 8, 3, 1e-8), (10, 12, 4, 1e-8), (3, 20, 6, 1e-8), (6, 8, 3, 0.0),
+])
+def test_spec_arrow_schur_validation_grid(n, d, k, ridge):
+    """Spec B.8 single-system parity grid (PCG fixture), d beyond the kernel's range."""
+    atoms = [pcg_system(n, d, k, seed=n * 100 + d)]
+    _, sol = solve(atoms, ridge, ridge)
+    assert_matches_dense(atoms, sol, ridge, ridge)
