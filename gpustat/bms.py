@@ -84,11 +84,12 @@ def _is_concrete(*arrays) -> bool:
     return not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-def _float_array(name, x, ndim):
+def _float_array(name, x, ndim=None):
+    """``x`` as an array (no copy of jax/numpy arrays); floating dtype and ``ndim`` checked."""
     x = jnp.asarray(x) if not isinstance(x, jax.Array | np.ndarray) else x
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating array, got {name}.dtype={x.dtype}")
-    if x.ndim != ndim:
+    if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got {name}.shape={x.shape}")
     return x
 
@@ -348,7 +349,7 @@ def joint_hvp(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike
     """
     hess = _hessians(rows_or_hessians)
     x, g, p_total = _check_design(hess, x, g)
-    v = _float_array("v", v, jnp.ndim(v))
+    v = _float_array("v", v)
     if v.ndim not in (1, 2) or v.shape[-1] != p_total:
         raise ValueError(f"v must have shape (p_total,) or (R, p_total) with p_total={p_total}, "
                          f"got {v.shape=}")

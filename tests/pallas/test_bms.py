@@ -81,6 +81,7 @@ class TestBmsKernels(KernelTests):
         hess = np.asarray(out[2])
         assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
 
+    @pytest.mark.slow
     def test_row_derivatives_float32(self):
         args = _synthetic_rows(np.random.default_rng(1), [1, 2, 5], 1, 2, dtype=np.float32)
         out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
