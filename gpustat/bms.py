@@ -46,6 +46,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from gpustat._backend import resolve_backend
 from gpustat.bms_rows import BmsRows, build_row_arrays, flat_cubic_basis
 from gpustat.pallas import bms as kernels
+from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference import bms as reference
 from gpustat.reference.bms import CellStatus, RowStatus
 
@@ -95,8 +96,6 @@ def _float_array(name, x, ndim=None):
 
 
 def _check_basis(name, basis, beta_name, beta):
-    from gpustat.piecewise import PiecewisePolynomial
-
     if basis is None:
         if beta is not None and np.size(beta) != 0:
             raise ValueError(f"{beta_name} must be empty when {name} is None, got "
@@ -131,7 +130,8 @@ def _check_s_f(s_f):
 
 def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
                beta_h: Float[ArrayLike, " p_h"] | None, beta_w: Float[ArrayLike, " p_w"] | None,
-               score_basis, link_basis, z_obs: Float[ArrayLike, " n"],
+               score_basis: PiecewisePolynomial | None, link_basis: PiecewisePolynomial | None,
+               z_obs: Float[ArrayLike, " n"],
                y: Float[ArrayLike, " n"], w: Float[ArrayLike, " n"], s_f: float = 1.0, *,
                order: int = reference.DEFAULT_ORDER, backend: str = "auto") -> BmsRows:
     """Stage 0 (host) + Stage 1: the cells, jets and moments of n rows.
@@ -333,7 +333,8 @@ def _joint_path(op, backend, hess, x, g):
                                               f"{x.shape=}, {g.shape=}")
 
 
-def joint_hvp(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"],
+def joint_hvp(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
+              x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"],
               v: Float[ArrayLike, "*R p_total"], *, backend: str = "auto") -> Array:
     """Joint Hessian-vector products ``Σ_i J_iᵀ H_i J_i v`` (one or several directions).
 
@@ -362,8 +363,9 @@ def joint_hvp(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike
     return out[0] if v.ndim == 1 else out
 
 
-def joint_diagonal(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"],
-                   *, backend: str = "auto") -> Float[Array, " p_total"]:
+def joint_diagonal(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
+                   x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"], *,
+                   backend: str = "auto") -> Float[Array, " p_total"]:
     """Diagonal of ``Σ_i J_iᵀ H_i J_i`` (a Jacobi preconditioner), (p_total,).
 
     Args:
@@ -379,8 +381,9 @@ def joint_diagonal(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[Arra
     return kernels.joint_diagonal(hess, x, g, interpret=path == "interpret")
 
 
-def joint_dense(rows_or_hessians, x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"],
-                *, backend: str = "auto") -> Float[Array, "p_total p_total"]:
+def joint_dense(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
+                x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"], *,
+                backend: str = "auto") -> Float[Array, "p_total p_total"]:
     """The dense joint Hessian block ``Σ_i J_iᵀ H_i J_i``, (p_total, p_total).
 
     Args:
@@ -441,8 +444,11 @@ class JointOperator:
     backend: str = dataclasses.field(default="auto", metadata={"static": True})
 
     @classmethod
-    def from_rows(cls, rows_or_hessians, x, g, *, backend: str = "auto") -> JointOperator:
-        """Validate and place the row Hessians and designs on the device."""
+    def from_rows(cls, rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
+                  x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"], *,
+                  backend: str = "auto") -> JointOperator:
+        """Validate and place the row Hessians (n, r, r) and designs (n, p_m), (n, p_g)
+        on the device."""
         hess = _hessians(rows_or_hessians)
         x, g, _ = _check_design(hess, x, g)
         return cls(jax.device_put(hess), jax.device_put(x), jax.device_put(g), backend)

@@ -26,8 +26,10 @@ import math
 
 import jax
 import numpy as np
+from jaxtyping import ArrayLike, Float
 from scipy.special import ndtr
 
+from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference.bms import AFFINE_TOL, GL_NODES, gauss_legendre
 
 __all__ = ["BmsRows", "build_row_arrays", "flat_cubic_basis"]
@@ -112,7 +114,7 @@ class BmsRows:
 # ----------------------------------------------------------------------------- bases
 
 
-def flat_cubic_basis(breakpoints) -> object:
+def flat_cubic_basis(breakpoints: Float[ArrayLike, " P1"]) -> PiecewisePolynomial:
     """P - 1 cubic B-spline combinations on P pieces that are C² on the whole line.
 
     The clamped cubic B-splines B_0..B_{P+2} on ``breakpoints`` are regrouped as
@@ -120,12 +122,13 @@ def flat_cubic_basis(breakpoints) -> object:
     first and second derivative) at both ends, so its constant extension is C² and the
     Stage-2 formulas (no boundary terms) are exact. Needs P >= 4.
 
+    Args:
+        breakpoints: (P+1,) strictly increasing knots.
+
     Returns:
         :class:`gpustat.PiecewisePolynomial` with coeffs (4, P, P-1), extrapolate="clamp".
     """
     from scipy.interpolate import BSpline, PPoly
-
-    from gpustat.piecewise import PiecewisePolynomial
 
     x = np.asarray(breakpoints, dtype=np.float64)
     pieces = x.shape[0] - 1
