@@ -59,15 +59,16 @@ def test_flexible_rows_match_autodiff_oracle(flexible, backend):
     assert np.array_equal(np.asarray(out.hess), np.swapaxes(np.asarray(out.hess), 1, 2))
 
 
-def test_rigid_build_rows_match_closed_form():
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_rigid_build_rows_match_closed_form(backend):
     # the three S_f = 1 rows, the first twice: 4 rows of 1 cell as in the reference tests
     # (same shapes, so the compiled reference is shared)
     keep = [0, 1, 3, 0]
     params = [tables.RIGID_ROWS[i][0] for i in keep]
     q, b, z_obs, y, _ = (np.array(v) for v in zip(*params))
     rows = bms.build_rows(q, b, None, None, None, None, z_obs, y, np.ones(len(q)), 1.0,
-                          backend="reference")
-    out = bms.row_derivatives(rows, backend="reference")
+                          backend=backend)
+    out = bms.row_derivatives(rows, backend=backend)
     expected = [tables.RIGID_ROWS[i][1] for i in keep]
     rtol = tol(np.float64, "oracle")
     assert_close(rows.a, [e[0] for e in expected], rtol=rtol)
