@@ -124,7 +124,7 @@ def run(quick: bool, out) -> None:
     chunks = _row_chunks(rows, REFERENCE_CHUNKS)
     want = [ref2(*chunk) for chunk in chunks]
     want = [jnp.concatenate([w[k] for w in want]) for k in range(4)]
-    configs = [(4, 4)] if quick else [(4, 4), (8, 8), (2, 4), (4, 8)]
+    configs = [(4, 4), (8, 8)] if quick else [(4, 4), (8, 8), (2, 4), (4, 8)]
     best = None
     for block_rows, num_warps in configs:
         stage2 = jax.jit(lambda *a, br=block_rows, nw=num_warps: kernels.row_derivatives(
@@ -134,7 +134,9 @@ def run(quick: bool, out) -> None:
                             atol=1e-12 * float(jnp.nanmax(jnp.abs(want[k]))))
                 for k, name in enumerate(("neglog", "grad", "hess"))]
         assert bool(jnp.all(got[3] == want[3]))
-        assert bool(jnp.all(got[2] == jnp.swapaxes(got[2], 1, 2))), "hessian not bitwise symmetric"
+        mirrored = jnp.swapaxes(got[2], 1, 2)
+        assert bool(jnp.all((got[2] == mirrored) | (jnp.isnan(got[2]) & jnp.isnan(mirrored)))), \
+            "hessian not bitwise symmetric"
         t_k2 = time_fn(stage2, [args])
         if best is None or t_k2.median_ms < best[0].median_ms:
             best = (t_k2, block_rows, num_warps, max(errs))
@@ -146,7 +148,8 @@ def run(quick: bool, out) -> None:
                baseline="stage2_xla_reference",
                extra={"speedup_vs_xla": t_r2.median_ms / t_k2.median_ms,
                       "max_rel_err_vs_reference": err2, "block_rows": block_rows,
-                      "num_warps": num_warps, "configs_tried": configs})
+                      "num_warps": num_warps, "configs_tried": configs,
+                      "rows_not_ok": int(jnp.sum(want[3] != 0))})
     rec.record("stage2_xla_reference", shape=shape, dtype="float64", backend="xla",
                timing=t_r2, items=n, item_name="rows", extra={"chunks": REFERENCE_CHUNKS})
 
@@ -161,7 +164,7 @@ def run(quick: bool, out) -> None:
     hvp_bytes = (hess.size + x.size + g.size) * 8
     ref_hvp = jax.jit(reference.joint_hvp)
     t_ref_hvp = time_fn(ref_hvp, [(hess, x, g, v8[:1])])
-    hvp_configs = [(8, 8)] if quick else [(8, 8), (16, 8), (8, 4), (4, 4)]
+    hvp_configs = [(8, 8), (16, 8)] if quick else [(8, 8), (16, 8), (8, 4), (4, 4)]
     best = None
     for block_rows, num_warps in hvp_configs:
         hvp = jax.jit(lambda h, x, g, v, br=block_rows, nw=num_warps: kernels.joint_hvp(
