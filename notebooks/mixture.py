@@ -57,8 +57,7 @@ print(X.shape, X.dtype)
 ks = range(3, 6) if SMALL else range(2, 10)
 bics, models = [], {}
 for k in ks:
-    gm = mixture.GaussianMixture(k, n_init=2 if SMALL else 3, random_state=0,
-                                 max_iter=200).fit(X)
+    gm = mixture.GaussianMixture(k, n_init=3, random_state=0, max_iter=200).fit(X)
     bics.append(gm.bic(X))
     models[k] = gm
     print(f"k={k}: BIC {bics[-1]:.1f}, converged {gm.converged_} in {gm.n_iter_} iterations")
