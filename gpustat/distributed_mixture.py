@@ -41,7 +41,7 @@ def _em_block(X, w, init, *, axis, tol, max_iter, reg_covar, weight_prior, compo
               backend, precision):
     """The EM loop on one device's rows; statistics are summed over ``axis``."""
     total_w = jax.lax.psum(jnp.sum(w), axis)
-    shift = jax.lax.psum(w @ X, axis) / total_w
+    shift = jax.lax.psum(jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST), axis) / total_w
     Xc = X - shift
     prior = None if component_prior is None else dataclasses.replace(
         component_prior, mean=component_prior.mean - shift)
@@ -208,7 +208,8 @@ def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Me
     axis = row_axis(mesh)
 
     def chain(X, w, start, prior, sticks, key):
-        shift = jax.lax.psum(w @ X, axis) / jax.lax.psum(jnp.sum(w), axis)
+        weighted_sum = jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST)
+        shift = jax.lax.psum(weighted_sum, axis) / jax.lax.psum(jnp.sum(w), axis)
         Xc = X - shift
         prior = dataclasses.replace(prior, mean=prior.mean - shift)
         state = mixture.GibbsState(dataclasses.replace(start, means=start.means - shift),

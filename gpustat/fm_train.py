@@ -44,6 +44,9 @@ from gpustat.pallas._common import next_pow2
 from gpustat.pallas.estimators import scatter_add_rows
 from gpustat.reference.estimators import scatter_add_rows_reference
 
+# float32 contractions in full precision: XLA would run them as TF32 on NVIDIA GPUs.
+_einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+
 __all__ = [
     "MODELS",
     "DeviceRows",
@@ -209,7 +212,7 @@ def _pair_weights(val):
 
 def _scores(model, params, idx, val, fld):
     """(B, C) scores and the intermediates the gradient reuses."""
-    lin = jnp.einsum("bz,bzc->bc", val, params["w"][idx])
+    lin = _einsum("bz,bzc->bc", val, params["w"][idx])
     base = params["w0"][None, :] + lin
     if model == "fm":
         xv = val[:, :, None, None] * params["V"][idx]  # (B, z, C, k)
@@ -220,14 +223,14 @@ def _scores(model, params, idx, val, fld):
     if model == "ffm":
         # vp[b, a, d] = V[idx_a, :, fld_d, :]: the factor feature a uses against d's field
         vp = params["V"][idx[:, :, None], :, fld[:, None, :], :]  # (B, z, z, C, k)
-        dots = jnp.einsum("badck,bdack->badc", vp, vp)
-        return base + 0.5 * jnp.einsum("bad,badc->bc", pw, dots), (vp, pw)
+        dots = _einsum("badck,bdack->badc", vp, vp)
+        return base + 0.5 * _einsum("bad,badc->bc", pw, dots), (vp, pw)
     xv = val[:, :, None, None] * params["V"][idx]  # (B, z, C, k)
     r_pair = jnp.moveaxis(_symmetric_r(params["r"]), 0, -1)[fld[:, :, None], fld[:, None, :]]
     off_diag = ~jnp.eye(val.shape[1], dtype=bool)[None, :, :, None]
     # pairs a != d only: the diagonal of both factors is zeroed
     r_pair = jnp.where(off_diag, r_pair, 0.0)  # (B, z, z, C)
-    dots = jnp.where(off_diag, jnp.einsum("back,bdck->badc", xv, xv), 0.0)  # x_a x_d <v_a, v_d>
+    dots = jnp.where(off_diag, _einsum("back,bdck->badc", xv, xv), 0.0)  # x_a x_d <v_a, v_d>
     return base + 0.5 * (r_pair * dots).sum(axis=(1, 2)), (xv, r_pair, dots)
 
 
@@ -264,21 +267,21 @@ def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
         # weight the partners first, then sum them per field (one small batched
         # matmul per row; no (B, z, z, F, k) intermediate)
         weighted = pw[:, :, :, None, None] * jnp.swapaxes(vp, 1, 2) * coef[:, None, None, :, None]
-        factor_rows = jnp.einsum("badck,bdf->bacfk", weighted, onehot)
+        factor_rows = _einsum("badck,bdf->bacfk", weighted, onehot)
         partners = (pw != 0).astype(val.dtype)
-        lin_rows.append(jnp.einsum("bad,bdf->baf", partners, onehot))  # slot touch counts
+        lin_rows.append(_einsum("bad,bdf->baf", partners, onehot))  # slot touch counts
     else:
         xv, r_pair, dots = cache
-        dv = val[:, :, None, None] * jnp.einsum("badc,bdck->back", r_pair, xv)
+        dv = val[:, :, None, None] * _einsum("badc,bdck->back", r_pair, xv)
         factor_rows = coef[:, None, :, None] * dv
         onehot = jax.nn.one_hot(fld, cfg.n_fields, dtype=val.dtype)
         # ordered[c, f, g] = 1/2 sum_rows coef sum_{a != d} dots[a, d] [f_a = f][f_d = g],
         # contracted in two steps (partner fields first) to keep intermediates small
-        per_field = jnp.einsum("badc,bdg->bacg", dots, onehot) * coef[:, None, :, None]
-        grads["r"] = _upper_from_ordered(0.5 * jnp.einsum("baf,bacg->cfg", onehot, per_field))
+        per_field = _einsum("badc,bdg->bacg", dots, onehot) * coef[:, None, :, None]
+        grads["r"] = _upper_from_ordered(0.5 * _einsum("baf,bacg->cfg", onehot, per_field))
         partners = (_pair_weights(present) != 0).astype(val.dtype)
-        pair_fields = jnp.einsum("bad,bdg->bag", partners, onehot)
-        pair_counts = _upper_from_ordered(jnp.einsum("baf,bag->fg", onehot, pair_fields))
+        pair_fields = _einsum("bad,bdg->bag", partners, onehot)
+        pair_counts = _upper_from_ordered(_einsum("baf,bag->fg", onehot, pair_fields))
         r_touched = (pair_counts > 0)[None]
     scatter = _scatter_fn(cfg.backend)
     flat_idx = idx.reshape(bsz * z)

@@ -158,7 +158,7 @@ def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, 
                 max_iter, reg_covar, path, precision):
     weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
     total_w = jnp.sum(weights)
-    shift = weights @ X / total_w
+    shift = jnp.matmul(weights, X, precision=jax.lax.Precision.HIGHEST) / total_w
     Xc = X - shift
     if component_prior is not None:
         component_prior = dataclasses.replace(component_prior,

@@ -93,8 +93,9 @@ def sample_niw_posterior(key, prior: NIWPrior, stats: SuffStats) -> MixtureParam
         k_w, k_mu = jax.random.split(key)
         # Lambda = L A A^T L^T ~ Wishart(nu, Phi^-1) with L L^T = Phi^-1
         inv_phi = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(phi), True), eye)
-        root = jnp.linalg.cholesky(inv_phi) @ _bartlett_factor(k_w, nu, p, dtype)
-        precision = root @ root.T
+        root = jnp.matmul(jnp.linalg.cholesky(inv_phi), _bartlett_factor(k_w, nu, p, dtype),
+                          precision=jax.lax.Precision.HIGHEST)
+        precision = jnp.matmul(root, root.T, precision=jax.lax.Precision.HIGHEST)
         # mu = m_n + Lambda^{-1/2} z / sqrt(kappa_n): solve root^T y = z, cov(y) = Lambda^-1
         z = jax.random.normal(k_mu, (p,), dtype)
         mu = mean + jax.scipy.linalg.solve_triangular(root.T, z, lower=False) / jnp.sqrt(kappa)

@@ -26,6 +26,9 @@ INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
 _ROW_CHUNK = 8192
 
 
+# XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
+_EXACT = jax.lax.Precision.HIGHEST
+
 def kmeans_plusplus(key, X, n_components: int):
     """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
     n = X.shape[0]
@@ -52,7 +55,7 @@ def _nearest_centre(X, centres):
     sq = jnp.sum(centres**2, axis=1)
 
     def row(x):
-        return jnp.argmin(sq - 2 * centres @ x).astype(jnp.int32)
+        return jnp.argmin(sq - 2 * jnp.matmul(centres, x, precision=_EXACT)).astype(jnp.int32)
 
     return jax.lax.map(row, X, batch_size=min(_ROW_CHUNK, X.shape[0]))
 
@@ -63,7 +66,8 @@ def _label_stats(X, labels, n_components):
     counts = jax.ops.segment_sum(ones, labels, n_components)
     sum_x = jax.ops.segment_sum(X, labels, n_components)
     sum_xx = jax.lax.map(
-        lambda j: (X * (labels == j)[:, None]).T @ X, jnp.arange(n_components))
+        lambda j: jnp.matmul((X * (labels == j)[:, None]).T, X, precision=_EXACT),
+        jnp.arange(n_components))
     return SuffStats(counts, sum_x, sum_xx, jnp.zeros((), X.dtype))
 
 

@@ -19,6 +19,7 @@ does not cancel catastrophically.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from gpustat.mixture_params import MixtureParams, SuffStats
@@ -38,7 +39,7 @@ def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_cova
     if covariance_type == "full":
         return centred + reg_covar * eye
     if covariance_type == "tied":
-        outer = jnp.einsum("k,ka,kb->ab", nk, means, means)
+        outer = jnp.einsum("k,ka,kb->ab", nk, means, means, precision=jax.lax.Precision.HIGHEST)
         return (jnp.sum(stats.sum_xx, axis=0) - outer) / jnp.sum(nk) + reg_covar * eye
     diag = jnp.diagonal(centred, axis1=-2, axis2=-1) + reg_covar
     return diag if covariance_type == "diag" else jnp.mean(diag, axis=-1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
@@ -57,7 +58,7 @@ def _prepare(X, params, op, backend, precision):
 def _centred(X, params: MixtureParams):
     """X - s and the means - s, s = sum_j w_j mu_j: the kernels' quadratic-feature logits
     cancel like |x - s|^2 eps, so a common shift near the data keeps float32 accurate."""
-    shift = params.weights @ params.means
+    shift = jnp.matmul(params.weights, params.means, precision=jax.lax.Precision.HIGHEST)
     return X - shift, dataclasses.replace(params, means=params.means - shift), shift
 
 

@@ -84,7 +84,7 @@ def covariances_from_precisions_cholesky(precisions_cholesky, covariance_type: s
         def one(u):
             eye = jnp.eye(u.shape[-1], dtype=u.dtype)
             inv_u = jax.scipy.linalg.solve_triangular(u, eye, lower=False)
-            return inv_u.T @ inv_u
+            return jnp.matmul(inv_u.T, inv_u, precision=jax.lax.Precision.HIGHEST)
         return jax.vmap(one)(precisions_cholesky) if covariance_type == "full" else one(
             precisions_cholesky)
     return 1.0 / precisions_cholesky**2

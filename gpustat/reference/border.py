@@ -31,6 +31,9 @@ from jax.scipy.linalg import solve_triangular
 
 from gpustat.border_layout import BorderLayout
 
+# float32 contractions in full precision: XLA would run them as TF32 on NVIDIA GPUs.
+_einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+
 __all__ = [
     "STATUS_NONFINITE",
     "STATUS_OK",
@@ -119,8 +122,8 @@ def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
     u_t = solve_triangular(L, g[..., None], lower=True)[..., 0]
 
     # Step 3: Schur complement (unridged S0 for the Gershgorin bump) and reduced RHS.
-    S0 = A_bb - jnp.einsum("irk,irl->kl", Y, Y)
-    r = jnp.einsum("irk,ir->k", Y, u_t) - gb
+    S0 = A_bb - _einsum("irk,irl->kl", Y, Y)
+    r = _einsum("irk,ir->k", Y, u_t) - gb
     S = S0 + jnp.diag(jnp.where(col_ok, ridge_beta, 1.0))
 
     # Steps 4-6: Schur Cholesky, delta_beta, back-substitution for delta_t.
@@ -128,7 +131,7 @@ def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
     schur_bad = ~jnp.all(jnp.isfinite(L_S))
     delta_beta = solve_triangular(L_S, solve_triangular(L_S, r, lower=True), lower=True,
                                   trans="T")
-    w = u_t + jnp.einsum("irk,k->ir", Y, delta_beta)
+    w = u_t + _einsum("irk,k->ir", Y, delta_beta)
     delta_t = -solve_triangular(L, w[..., None], lower=True, trans="T")[..., 0]
 
     # Step 7: log det of the whole ridged bordered matrix, 2 sum log diag of the factors

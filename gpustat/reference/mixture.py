@@ -36,11 +36,13 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 4096
+# XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
+_EXACT = jax.lax.Precision.HIGHEST
 
 
 def _row_mvn_logpdf(x, means, chol, log_det):
     """(k,) component log-densities of one row x (p,)."""
-    y = jnp.einsum("kp,kpq->kq", x[None, :] - means, chol)
+    y = jnp.einsum("kp,kpq->kq", x[None, :] - means, chol, precision=_EXACT)
     return -0.5 * (x.shape[0] * math.log(2 * math.pi) + jnp.sum(y * y, axis=-1)) + log_det
 
 
@@ -102,8 +104,8 @@ def _stats_of(X, resp, loglik):
     """SuffStats of one chunk from its (already weighted) responsibilities (c, k)."""
     return SuffStats(
         counts=jnp.sum(resp, axis=0),
-        sum_x=resp.T @ X,
-        sum_xx=jnp.einsum("ck,ca,cb->kab", resp, X, X),
+        sum_x=jnp.matmul(resp.T, X, precision=_EXACT),
+        sum_xx=jnp.einsum("ck,ca,cb->kab", resp, X, X, precision=_EXACT),
         loglik=loglik,
     )
 
