@@ -43,6 +43,7 @@ from gpustat.csr import CSR, dense_as_csr
 from gpustat.factorization_grad import scores_with_vjp
 from gpustat.pallas import factorization as kernels
 from gpustat.reference import factorization as reference
+from gpustat.triton import auto_path, factorization_shape_class
 
 __all__ = ["CSR", "ffm_predict", "fm_predict", "fwfm_predict"]
 
@@ -73,6 +74,10 @@ def _kernel_forward(model: str, interpret: bool):
 def _forward(model: str, backend: str):
     if backend == "reference":
         return _reference_forward(model)
+    if backend == "triton":
+        from gpustat.triton.factorization import scores_forward
+
+        return scores_forward(model)
     return _kernel_forward(model, interpret=backend == "interpret")
 
 
@@ -156,7 +161,9 @@ def _check_field_ids(op: str, field_ids, p: int, n_fields: int):
 def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
     rows = _as_rows(op, X)
     params, n_classes = _check_params(op, model, rows.shape[1], field_ids, w0, w, V, R)
-    path = resolve_backend(backend, op=op)
+    path = resolve_backend(backend, op=op, has_triton=model != "fm")
+    dtype = reference.score_dtype(rows.data, *(a for a in params[1:] if a is not None))
+    path = auto_path(path, backend, "factorization", factorization_shape_class(model, dtype))
     return _compiled_scores(model, path, n_classes is not None)(rows, *params)
 
 
@@ -219,7 +226,7 @@ def ffm_predict(X: CSR | Float[Array, "n p"], field_ids: Int[Array, " p"],
         w0: bias, ``()``; multiclass ``(c,)``.
         w: linear weights ``(p,)``; multiclass ``(c, p)``.
         V: field-aware factors ``(p, f, k)``; multiclass ``(c, p, f, k)``.
-        backend: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+        backend: ``"auto"``, ``"pallas"``, ``"triton"``, ``"interpret"`` or ``"reference"``.
 
     Returns:
         Scores ``(n,)`` (multiclass ``(n, c)``), float64 if any input is float64
@@ -253,7 +260,7 @@ def fwfm_predict(X: CSR | Float[Array, "n p"], field_ids: Int[Array, " p"],
         w: linear weights ``(p,)``; multiclass ``(c, p)``.
         V: factors ``(p, k)``; multiclass ``(c, p, k)``.
         R: field-pair weights ``(f, f)``; multiclass ``(c, f, f)``.
-        backend: ``"auto"``, ``"pallas"``, ``"interpret"`` or ``"reference"``.
+        backend: ``"auto"``, ``"pallas"``, ``"triton"``, ``"interpret"`` or ``"reference"``.
 
     Returns:
         Scores ``(n,)`` (multiclass ``(n, c)``), float64 if any input is float64

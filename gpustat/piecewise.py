@@ -28,6 +28,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from gpustat._backend import resolve_backend
 from gpustat.reference import piecewise as ref
+from gpustat.triton import auto_path, piecewise_shape_class
 
 __all__ = [
     "EXTRAPOLATE_MODES",
@@ -309,8 +310,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
         nu: derivative order >= 0 (use ``pp.antiderivative`` for integrals).
         backend: "auto" (Pallas kernel on a CUDA GPU, except for uniform
             breakpoints and x.size <= 2^21, where XLA's fusion of the reference
-            measured faster; the reference elsewhere), "pallas", "interpret" or
-            "reference".
+            measured faster; the jax-triton kernel where ``gpustat.triton.AUTO_WINNERS``
+            says it is faster; the reference elsewhere), "pallas", "triton",
+            "interpret" or "reference".
 
     Returns:
         (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
@@ -333,7 +335,8 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     cdt = _compute_dtype(x.dtype, pp.dtype)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(cdt)
-    path = resolve_backend(backend, op="ppoly_eval")
+    path = resolve_backend(backend, op="ppoly_eval", has_triton=True)
+    path = auto_path(path, backend, "piecewise", piecewise_shape_class(pp.uniform, x.dtype, x.size))
     if backend == "auto" and path == "pallas" and pp.uniform and x.size <= _XLA_UNIFORM_MAX_N:
         path = "reference"
     if _is_concrete(pp.breakpoints, pp.coeffs):
@@ -372,6 +375,12 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform) if tables is None else tables
     trailing = coeffs.shape[2:]
+    if path == "triton":  # one launch; trailing polynomials share each point's search
+        from gpustat.triton.piecewise import ppoly_eval_triton
+
+        y = ppoly_eval_triton(keys, rows, params, x.reshape(-1), num_pieces=coeffs.shape[1],
+                              degree=coeffs.shape[0] - 1, extrapolate=extrapolate, uniform=uniform)
+        return y.reshape(x.shape + trailing)
     kernel = functools.partial(ppoly_eval_tables, keys, params=params, x=x.reshape(-1),
                                num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,
                                extrapolate=extrapolate, uniform=uniform,
