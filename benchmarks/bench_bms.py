@@ -86,6 +86,12 @@ def _row_chunks(rows: bms.BmsRows, chunks: int):
     return out
 
 
+def _row_scale(values):
+    """Each row's largest |entry|, shaped to broadcast against ``values``."""
+    flat = jnp.abs(values.reshape(values.shape[0], -1))
+    return np.asarray(jnp.nanmax(flat, axis=1)).reshape((-1,) + (1,) * (values.ndim - 1))
+
+
 def run(quick: bool, out) -> None:
     rec = Recorder("bms", out)
     copy_gbs = rec.measure_copy()
@@ -130,10 +136,11 @@ def run(quick: bool, out) -> None:
         stage2 = jax.jit(lambda *a, br=block_rows, nw=num_warps: kernels.row_derivatives(
             *a, block_rows=br, num_warps=nw))
         got = stage2(*args)
-        # the issue's row-derivative tolerance (1e-9 relative): on the H200, sums over
-        # ~23 cells put 4,004 of 78e6 Hessian entries 3e-10 from XLA's order of sums
+        # the issue's row-derivative tolerance, 1e-9 relative to each row's largest
+        # entry (as the tests judge it): on the H200, sums over ~23 cells put small
+        # Hessian entries up to 2e-11 (absolute) from XLA's order of summation
         errs = [check_close(f"stage2 {name}", got[k], want[k], rtol=1e-9,
-                            atol=1e-12 * float(jnp.nanmax(jnp.abs(want[k]))))
+                            atol=1e-9 * _row_scale(want[k]))
                 for k, name in enumerate(("neglog", "grad", "hess"))]
         assert bool(jnp.all(got[3] == want[3]))
         mirrored = jnp.swapaxes(got[2], 1, 2)
