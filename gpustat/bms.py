@@ -224,7 +224,9 @@ def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
                          f"{hi.shape=}")
     if not isinstance(order, int) or not 0 <= order <= MAX_ORDER:
         raise ValueError(f"order must be an int in [0, {MAX_ORDER}], got {order=!r}")
-    path = resolve_backend(backend, op="bms.cell_moments")
+    # "auto" runs XLA's reference: on an H200 at 4.49e6 cells the GL-384 kernel took
+    # 97.5 ms against 30.6 ms (benchmarks/results/nvidia-h200/bms.jsonl).
+    path = resolve_backend(backend, op="bms.cell_moments", auto_prefers_kernel=False)
     if path == "reference":
         return reference.cell_moments(lo, hi, c, order=order)
     return kernels.cell_moments(lo, hi, c, order=order, interpret=path == "interpret")
