@@ -365,6 +365,16 @@ def joint_hvp(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
     return out[0] if v.ndim == 1 else out
 
 
+def _joint_reduction(op: str, rows_or_hessians, x, g, backend: str):
+    """Validate and dispatch a joint reduction of the row Hessians (diagonal or dense)."""
+    hess = _hessians(rows_or_hessians)
+    x, g, _ = _check_design(hess, x, g)
+    path = _joint_path(f"bms.{op}", backend, hess, x, g)
+    if path == "reference":
+        return getattr(reference, op)(hess, x, g)
+    return getattr(kernels, op)(hess, x, g, interpret=path == "interpret")
+
+
 def joint_diagonal(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
                    x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"], *,
                    backend: str = "auto") -> Float[Array, " p_total"]:
@@ -375,12 +385,7 @@ def joint_diagonal(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
         x: (n, p_m) marginal design; g: (n, p_g) slope design.
         backend: "auto" | "pallas" | "reference" | "interpret".
     """
-    hess = _hessians(rows_or_hessians)
-    x, g, _ = _check_design(hess, x, g)
-    path = _joint_path("bms.joint_diagonal", backend, hess, x, g)
-    if path == "reference":
-        return reference.joint_diagonal(hess, x, g)
-    return kernels.joint_diagonal(hess, x, g, interpret=path == "interpret")
+    return _joint_reduction("joint_diagonal", rows_or_hessians, x, g, backend)
 
 
 def joint_dense(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
@@ -393,12 +398,7 @@ def joint_dense(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
         x: (n, p_m) marginal design; g: (n, p_g) slope design.
         backend: "auto" | "pallas" | "reference" | "interpret".
     """
-    hess = _hessians(rows_or_hessians)
-    x, g, _ = _check_design(hess, x, g)
-    path = _joint_path("bms.joint_dense", backend, hess, x, g)
-    if path == "reference":
-        return reference.joint_dense(hess, x, g)
-    return kernels.joint_dense(hess, x, g, interpret=path == "interpret")
+    return _joint_reduction("joint_dense", rows_or_hessians, x, g, backend)
 
 
 def joint_gradient(derivs: RowDerivatives, x: Float[ArrayLike, "n p_m"],
