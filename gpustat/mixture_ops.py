@@ -81,6 +81,15 @@ def _kernel_kwargs(path, precision):
     return {"interpret": path == "interpret", "precision": precision}
 
 
+def _row_density_op(op: str, X, params, backend, precision):
+    """Validate and dispatch ``mvn_logpdf`` or ``log_prob`` (kernels on centred data)."""
+    X, params, path = _prepare(X, params, op, backend, precision)
+    if path == "reference":
+        return getattr(_reference, op)(X, params)
+    Xs, params_s, _ = _centred(X, params)
+    return getattr(_kernels, op)(Xs, params_s, **_kernel_kwargs(path, precision))
+
+
 def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
                precision: str = "highest") -> Float[Array, "n m"]:
     """Component log-densities log N(x_i | mu_j, Sigma_j).
@@ -95,11 +104,7 @@ def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = 
         (n, m) log-densities in X's compute dtype. The reference computes them in row
         chunks; the kernel writes one (block_n, block_k) tile per program.
     """
-    X, params, path = _prepare(X, params, "mvn_logpdf", backend, precision)
-    if path == "reference":
-        return _reference.mvn_logpdf(X, params)
-    Xs, params_s, _ = _centred(X, params)
-    return _kernels.mvn_logpdf(Xs, params_s, **_kernel_kwargs(path, precision))
+    return _row_density_op("mvn_logpdf", X, params, backend, precision)
 
 
 def log_prob(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
@@ -115,11 +120,7 @@ def log_prob(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "a
     Returns:
         (n,) log-likelihoods; memory O(n p + m p^2) (the n x m matrix is never formed).
     """
-    X, params, path = _prepare(X, params, "log_prob", backend, precision)
-    if path == "reference":
-        return _reference.log_prob(X, params)
-    Xs, params_s, _ = _centred(X, params)
-    return _kernels.log_prob(Xs, params_s, **_kernel_kwargs(path, precision))
+    return _row_density_op("log_prob", X, params, backend, precision)
 
 
 def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
