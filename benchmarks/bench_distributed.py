@@ -9,14 +9,19 @@ Cases (the acceptance shapes of the multi-GPU issue):
   ~0.1-0.3 ms, so two GPUs should reach about 1.8-1.9x. Measured: the fused
   E-step kernel takes ~0.2 s per iteration at this shape on one H200 (far above
   the spec's ~3 ms FLOP floor), so the E-step dominates and scaling is 1.94x.
-* ``border``: B = 200,000 atoms, d = 2, n_a uniform in 1..16, k_a in 2..8, float64
-  and float32. Independent atoms and no communication: two GPUs should give
-  close to 2x minus the fixed launch cost of each size bucket's kernel.
-* ``fm_train``: one FM epoch, logistic loss, AdaGrad, batch 8192, n = 2^19 rows
-  with 32 nonzeros, p = 2^15 features, k = 32, float32. Per batch the row work
-  (gathers, pair terms, scatter: ~8192*32*32 values several times) halves, but the
-  dense gradient all-reduce (p k = 1M floats, 4 MB) and the replicated optimizer
-  step over all p rows do not: expect 1.4-1.7x.
+* ``border``: B = 200,000 atoms with the single-GPU acceptance distribution
+  (n_a uniform in 8..128, d = 2, k_a in 4..12; about 13.6M rows, 2.4 GB of
+  float64 input), float64 and float32. Independent atoms and no communication:
+  two GPUs should give close to 2x minus the fixed launch cost of each bucket's
+  kernel and the dummy atoms (at most one per (n_a, k_a) type per device).
+* ``fm_train``: one FM epoch, logistic loss, AdaGrad, n = 2^19 rows with 32
+  nonzeros, p = 2^15 features, k = 32, float32; global batch 8192 (strong scaling:
+  the same trajectory) and ``fm_train_weak``: 8192 rows per device. Timed through
+  the public ``train_epoch`` (host batch tables included) and as the compiled
+  epoch alone (``*_compiled``). Measured on 2 H200s: a single-GPU step is
+  ~54 us whether it holds 4096 or 8192 rows (launch-bound), and one all-reduce of
+  the 4.3 MB dense gradient costs ~51 us (a fixed ~37 us plus ~14 us transfer), so
+  the 2-GPU step cannot beat one GPU at this batch (see docs/distributed.md).
 
 "1 GPU" is the single-device public op (``gpustat.mixture.fit_em``,
 ``gpustat.border.solve_batched_border``, ``gpustat.fm_train.train_epoch``);
@@ -34,9 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
-from gpustat import border, distributed, fm_train, mixture
+from gpustat import border, distributed, distributed_fm, fm_train, mixture
+from gpustat.distributed_core import row_axis
 
 SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
 REPEATS = 20
@@ -89,8 +96,8 @@ def _border_batch(n_atoms: int, dtype, seed: int = 1) -> border.BorderBatch:
     """Random positive definite atoms, packed directly (vectorised, no per-atom lists)."""
     rng = np.random.default_rng(seed)
     d = 2
-    n_rows = rng.integers(1, 9 if SMALL else 17, n_atoms)
-    k_dims = rng.integers(2, 9, n_atoms)
+    n_rows = rng.integers(1, 9, n_atoms) if SMALL else rng.integers(8, 129, n_atoms)
+    k_dims = rng.integers(2, 9, n_atoms) if SMALL else rng.integers(4, 13, n_atoms)
     layout = border.BorderLayout(d, n_rows, k_dims)
     sizes = layout.packed_sizes()
     A = rng.normal(size=(layout.num_rows, d, d))
@@ -124,6 +131,15 @@ def _border_case(rec, meshes, dtype):
                     "atoms", {"slots_per_device": slots})
 
 
+def _fm_epoch_args(data, orders, global_batch: int, mesh):
+    """The compiled data-parallel epoch's arguments, host tables built once (device-only timing)."""
+    d = len(orders)
+    table, counts = distributed_fm._local_batches(
+        data, distributed_fm._check_orders(data, orders, d), global_batch // d)
+    sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
+    return jax.device_put(table, sharding), jnp.asarray(counts, jnp.float32)
+
+
 def _fm_case(rec, meshes):
     n, p, z, k, bsz = (4096, 512, 8, 8, 256) if SMALL else (1 << 19, 1 << 15, 32, 32, 8192)
     rng = np.random.default_rng(2)
@@ -139,31 +155,48 @@ def _fm_case(rec, meshes):
         "adagrad", model="fm", learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
         ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
     backend = fm_train.scatter_backend("auto")
-    cfg = fm_train.TrainConfig("fm", "logistic", p, 1, bsz, tx, lazy, l2w, l2v, backend)
+
+    def config(batch):
+        return fm_train.TrainConfig("fm", "logistic", p, 1, batch, tx, lazy, l2w, l2v, backend)
+
     params = {"w0": jnp.zeros(1, jnp.float32), "w": jnp.zeros((p, 1), jnp.float32),
               "V": jnp.asarray(rng.normal(0, 0.01, (p, 1, k)), jnp.float32)}
     opt_state = tx.init(params)
     rows = fm_train.to_device_rows(X, fields, y, weight, np.float32)
-    timings = {}
-    for d, mesh in sorted(meshes.items()):
-        data = distributed.shard_training_rows(X, fields, y, weight, np.float32, mesh)
-        orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
-        # the single-device epoch over the same global batches
-        order = distributed.global_order(data, orders, bsz)
-        ref = fm_train.train_epoch(cfg, params, opt_state, rows, order)
-        if d == 1:
-            timings["1gpu"] = time_fn(
-                lambda order=order: fm_train.train_epoch(cfg, params, opt_state, rows, order), [()],
-                repeats=REPEATS)
-        got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
-        check_close(f"fm_train V {d} devices", got[0]["V"], ref[0]["V"], rtol=1e-3, atol=1e-5)
-        check_close(f"fm_train loss {d} devices", got[2], ref[2], rtol=1e-4)
-        timings[f"sharded_{d}gpu"] = time_fn(
-            lambda data=data, orders=orders, mesh=mesh: distributed.train_epoch(
-                cfg, params, opt_state, data, orders, mesh), [()], repeats=REPEATS)
-    n_batches = -(-n // bsz)
-    _record_scaling(rec, "fm_train", (n, p, z, k, bsz), "float32", timings, n_batches,
-                    "batches", {"batch_size": bsz, "scatter_backend": backend})
+    # strong scaling: global batch bsz on every mesh (the same optimisation trajectory);
+    # weak scaling: bsz rows per device (global batch D * bsz, fewer steps per epoch)
+    for case, per_device in (("fm_train", False), ("fm_train_weak", True)):
+        public, compiled = {}, {}
+        for d, mesh in sorted(meshes.items()):
+            cfg = config(bsz * d if per_device else bsz)
+            data = distributed.shard_training_rows(X, fields, y, weight, np.float32, mesh)
+            orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
+            # the single-device epoch over the same global batches
+            order = distributed.global_order(data, orders, cfg.batch_size)
+            ref = fm_train.train_epoch(cfg, params, opt_state, rows, order)
+            got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
+            check_close(f"{case} V {d} devices", got[0]["V"], ref[0]["V"], rtol=1e-3, atol=1e-5)
+            check_close(f"{case} loss {d} devices", got[2], ref[2], rtol=1e-4)
+            if d == 1:
+                public["1gpu"] = time_fn(
+                    lambda cfg=cfg, order=order: fm_train.train_epoch(cfg, params, opt_state,
+                                                                      rows, order),
+                    [()], repeats=REPEATS)
+            public[f"sharded_{d}gpu"] = time_fn(
+                lambda cfg=cfg, data=data, orders=orders, mesh=mesh: distributed.train_epoch(
+                    cfg, params, opt_state, data, orders, mesh), [()], repeats=REPEATS)
+            table, counts = _fm_epoch_args(data, orders, cfg.batch_size, mesh)
+            compiled["1gpu" if d == 1 else f"sharded_{d}gpu"] = time_fn(
+                lambda cfg=cfg, mesh=mesh, data=data, table=table, counts=counts:
+                distributed_fm._epoch(cfg, mesh, params, opt_state, data.rows, table, counts),
+                [()], repeats=REPEATS)
+        shape = (n, p, z, k, bsz)
+        extra = {"batch_per_device" if per_device else "global_batch": bsz,
+                 "scatter_backend": backend}
+        _record_scaling(rec, case, shape, "float32", public, n, "rows",
+                        {**extra, "timing": "public train_epoch, host batch tables included"})
+        _record_scaling(rec, f"{case}_compiled", shape, "float32", compiled, n, "rows",
+                        {**extra, "timing": "compiled epoch, batch tables prebuilt"})
 
 
 def run(quick: bool, out=None) -> None:

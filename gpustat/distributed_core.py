@@ -37,6 +37,7 @@ __all__ = [
     "mesh_size",
     "pad_rows",
     "padded_rows",
+    "psum_packed",
     "replicate",
     "row_axis",
     "shard_rows",
@@ -183,6 +184,35 @@ def map_rows(fn: Callable, mesh: Mesh, rows: Any, shared: Any = (), *,
                         out_specs=PartitionSpec(axis), check_vma=False)(
         pad_rows(rows, n_to, pad_value), shared)
     return out if n_to == n else jax.tree.map(lambda a: a[:n], out)
+
+
+def psum_packed(tree: Any, axis: str) -> Any:
+    """``lax.psum`` of a pytree as ONE collective: leaves packed into one flat buffer.
+
+    XLA issues one all-reduce per leaf here, and on GPUs each costs a fixed ~35 us
+    (measured on 2 H200s: 51 us for 4.3 MB, 65 us for 8.7 MB), which dominates a
+    short training step. The buffer has the widest floating dtype among the leaves;
+    integer and boolean leaves travel as that float (exact for sums below 2**24 in
+    float32) and come back in their own dtype (booleans as ``sum > 0``).
+
+    Args:
+        tree: pytree of arrays, the same structure and shapes on every device.
+        axis: the mesh axis name.
+
+    Returns:
+        The summed pytree, leaves in their input dtypes.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    floats = [leaf.dtype for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    dtype = jnp.result_type(*floats) if floats else jnp.float32
+    flat = jax.lax.psum(jnp.concatenate([jnp.ravel(leaf).astype(dtype) for leaf in leaves]),
+                        axis)
+    out, start = [], 0
+    for leaf in leaves:
+        part = flat[start:start + leaf.size].reshape(leaf.shape)
+        out.append(part > 0 if leaf.dtype == jnp.bool_ else part.astype(leaf.dtype))
+        start += leaf.size
+    return jax.tree.unflatten(treedef, out)
 
 
 def sum_rows(fn: Callable, mesh: Mesh, rows: Any, shared: Any = (), *,

@@ -5,10 +5,10 @@ Each device holds a block of the training rows (the padded-row layout of
 batches of ``batch_size / D`` rows. Per global batch, every device computes the
 gradient of its rows with the single-device math of :mod:`gpustat.fm_train`
 (scores, loss derivative, sparse scatter to the dense gradient tables, Pallas
-scatter on GPUs), scaled by the **global** batch row count; one ``lax.psum``
-adds the gradients, the touched masks and the loss, and the optax step runs
-replicated, so every device keeps identical parameters (a synchronous
-data-parallel all-reduce, as in PyTorch DDP).
+scatter on GPUs), scaled by the **global** batch row count; one all-reduce
+(:func:`~gpustat.distributed_core.psum_packed`) adds the gradients, the touched
+masks and the loss, and the optax step runs replicated, so every device keeps
+identical parameters (a synchronous data-parallel all-reduce, as in PyTorch DDP).
 
 A global batch is the union of the devices' local batches, so an epoch equals
 the single-device epoch over the interleaved order :func:`global_order`
@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import fm_train
-from gpustat.distributed_core import mesh_size, row_axis
+from gpustat.distributed_core import mesh_size, psum_packed, row_axis
 
 __all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
 
@@ -152,9 +152,7 @@ def _allreduce_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state, dat
     dlds, row_loss = fm_train._loss_grad_and_value(cfg.loss, s, target)
     coef = dlds * (weight / count)[:, None]  # global count: the psum is the batch mean
     grads, touched = fm_train._gradients(cfg, params, idx, val, fld, coef, cache)
-    touched = jax.tree.map(lambda t: t.astype(jnp.int32), touched)
-    grads, touched, loss = jax.lax.psum((grads, touched, (weight * row_loss).sum()), axis)
-    touched = jax.tree.map(lambda t: t > 0, touched)
+    grads, touched, loss = psum_packed((grads, touched, (weight * row_loss).sum()), axis)
     grads = fm_train._add_l2(cfg, grads, touched, params)
     if cfg.lazy:
         updates, opt_state = cfg.tx.update(grads, opt_state, params, touched=touched)

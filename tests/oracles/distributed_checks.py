@@ -40,6 +40,7 @@ BACKENDS = ("reference", "interpret") if os.environ.get("GPUSTAT_DISTRIBUTED_INT
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from gpustat import bms, border, distributed, factorization, fm_train, mixture  # noqa: E402
+from gpustat.distributed_core import psum_packed  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval  # noqa: E402
 
 
@@ -76,6 +77,22 @@ def check_mesh():
     _raises(lambda: distributed.shard_rows((jnp.ones(3), jnp.ones(4)), mesh), ValueError,
             "leading")
     _raises(lambda: distributed.ppoly_eval(None, jnp.ones(3), "mesh"), TypeError, "mesh")
+    # psum_packed: one collective for a mixed-dtype pytree equals a psum per leaf
+    tree = {"f": jnp.arange(2.0 * N_DEVICES * 3).reshape(N_DEVICES, 2, 3),
+            "i": jnp.arange(N_DEVICES * 4, dtype=jnp.int32).reshape(N_DEVICES, 4),
+            "b": (jnp.arange(N_DEVICES * 5) % 3 == 0).reshape(N_DEVICES, 5)}
+
+    def both(block):
+        block = jax.tree.map(lambda a: a[0], block)
+        ref = jax.lax.psum(jax.tree.map(lambda a: a.astype(jnp.int32) if a.dtype == bool else a,
+                                        block), "rows")
+        return jax.tree.map(lambda a: a[None], (psum_packed(block, "rows"), ref))
+
+    packed, ref = jax.shard_map(both, mesh=mesh, in_specs=PartitionSpec("rows"),
+                                out_specs=PartitionSpec("rows"), check_vma=False)(tree)
+    assert packed["f"].dtype == tree["f"].dtype and packed["i"].dtype == jnp.int32
+    assert np.array_equal(packed["f"], ref["f"]) and np.array_equal(packed["i"], ref["i"])
+    assert np.array_equal(packed["b"], ref["b"] > 0)
     return {"padded_rows": int(x.shape[0])}
 
 
