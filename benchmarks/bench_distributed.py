@@ -16,12 +16,13 @@ Cases (the acceptance shapes of the multi-GPU issue):
   kernel and the dummy atoms (at most one per (n_a, k_a) type per device).
 * ``fm_train``: one FM epoch, logistic loss, AdaGrad, n = 2^19 rows with 32
   nonzeros, p = 2^15 features, k = 32, float32; global batch 8192 (strong scaling:
-  the same trajectory) and ``fm_train_weak``: 8192 rows per device. Timed through
-  the public ``train_epoch`` (host batch tables included) and as the compiled
-  epoch alone (``*_compiled``). Measured on 2 H200s: a single-GPU step is
-  ~54 us whether it holds 4096 or 8192 rows (launch-bound), and one all-reduce of
-  the 4.3 MB dense gradient costs ~51 us (a fixed ~37 us plus ~14 us transfer), so
-  the 2-GPU step cannot beat one GPU at this batch (see docs/distributed.md).
+  the same trajectory), ``fm_train_weak``: 8192 rows per device, and
+  ``fm_train_weak_b65536``: 65536 rows per device. Timed through the public
+  ``train_epoch`` (host batch tables included) and as the compiled epoch alone
+  (``*_compiled``). Measured on 2 H200s: a single-GPU step is ~52 us whether it
+  holds 4096 or 8192 rows (launch-bound), and one all-reduce of the 4.3 MB dense
+  gradient costs ~45-50 us, so at batch 8192 the 2-GPU step cannot beat one GPU
+  (see docs/distributed.md).
 
 "1 GPU" is the single-device public op (``gpustat.mixture.fit_em``,
 ``gpustat.border.solve_batched_border``, ``gpustat.fm_train.train_epoch``);
@@ -164,11 +165,13 @@ def _fm_case(rec, meshes):
     opt_state = tx.init(params)
     rows = fm_train.to_device_rows(X, fields, y, weight, np.float32)
     # strong scaling: global batch bsz on every mesh (the same optimisation trajectory);
-    # weak scaling: bsz rows per device (global batch D * bsz, fewer steps per epoch)
-    for case, per_device in (("fm_train", False), ("fm_train_weak", True)):
+    # weak scaling: bsz rows per device (global batch D * bsz, fewer steps per epoch),
+    # and 8 bsz rows per device, where the step's row work outweighs its fixed costs
+    for case, batch, per_device in (("fm_train", bsz, False), ("fm_train_weak", bsz, True),
+                                    (f"fm_train_weak_b{8 * bsz}", 8 * bsz, True)):
         public, compiled = {}, {}
         for d, mesh in sorted(meshes.items()):
-            cfg = config(bsz * d if per_device else bsz)
+            cfg = config(batch * d if per_device else batch)
             data = distributed.shard_training_rows(X, fields, y, weight, np.float32, mesh)
             orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
             # the single-device epoch over the same global batches
@@ -190,8 +193,8 @@ def _fm_case(rec, meshes):
                 lambda cfg=cfg, mesh=mesh, data=data, table=table, counts=counts:
                 distributed_fm._epoch(cfg, mesh, params, opt_state, data.rows, table, counts),
                 [()], repeats=REPEATS)
-        shape = (n, p, z, k, bsz)
-        extra = {"batch_per_device" if per_device else "global_batch": bsz,
+        shape = (n, p, z, k, batch)
+        extra = {"batch_per_device" if per_device else "global_batch": batch,
                  "scatter_backend": backend}
         _record_scaling(rec, case, shape, "float32", public, n, "rows",
                         {**extra, "timing": "public train_epoch, host batch tables included"})
