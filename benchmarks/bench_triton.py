@@ -17,30 +17,39 @@ before it is timed. Each case records Pallas (its default settings, the ones
 ``"auto"`` runs), Triton (several launch settings; ``default`` marks the one the
 wrapper uses) and XLA; ``speedup_vs_pallas`` compares Triton with Pallas's default.
 Without a CUDA GPU the script runs one tiny case of each kind in the interpreters (a smoke
-test).
+test). ``GPUSTAT_TRITON_CASES=piecewise`` (or ``factorization``) runs one group only.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_piecewise import make_pp, points
+from benchmarks.bench_piecewise import device_check, make_pp, points
 from benchmarks.harness import Recorder, check_close, main_from_args, rotating_copies, time_fn
 from gpustat._backend import cuda_gpu_available
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as pallas_fm
 from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
+from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference import factorization as reference_fm
 from gpustat.reference.piecewise import ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
-# Triton launch settings tried per piecewise case: (block_n, num_warps); None = default
-PPOLY_VARIANTS = [None, (1024, 4), (512, 4), (2048, 8), (4096, 8)]
+# Triton launch settings tried per piecewise case: (tables, block_n, num_warps); None =
+# the wrapper's default. "shared" stages the tables in shared memory, "cache" gathers
+# them from global memory through L1; "floor" is the shared kernel on a single cubic
+# piece (no search, every gather a broadcast): the cost of streaming x and y plus Horner.
+PPOLY_VARIANTS = {  # by table itemsize
+    4: [None, ("shared", 1024, 4), ("shared", 512, 4), ("shared", 2048, 8), ("cache", 2048, 4),
+        ("floor", 1024, 4)],
+    8: [None, ("shared", 512, 4), ("shared", 256, 4), ("cache", 512, 4), ("floor", 512, 4)],
+}
 # FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
 FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
 FM_ROWS, FM_FIELDS, FM_FEATURES, FM_K = 1 << 18, 16, 100_000, 8
@@ -50,15 +59,24 @@ def _ppoly_fns(pp, interpret: bool):
     """(pallas, triton(settings), xla) jitted evaluations of ``pp`` on a stream x."""
     from gpustat.triton.piecewise import ppoly_eval_triton
 
-    keys, rows, params = kernel_tables(np.asarray(pp.breakpoints), np.asarray(pp.coeffs),
-                                       pp.uniform)
+    def tables_of(p):
+        return kernel_tables(np.asarray(p.breakpoints), np.asarray(p.coeffs), p.uniform)
+
     statics = dict(num_pieces=NUM_PIECES, degree=DEGREE, uniform=pp.uniform, interpret=interpret)
-    pallas = jax.jit(functools.partial(ppoly_eval_tables, keys, rows, params, **statics))
+    pallas = jax.jit(functools.partial(ppoly_eval_tables, *tables_of(pp), **statics))
+    one_piece = PiecewisePolynomial(np.asarray(pp.breakpoints)[[0, -1]],
+                                    np.asarray(pp.coeffs)[:, :1])
 
     def triton(variant):
-        extra = {} if variant is None else {"block_n": variant[0], "num_warps": variant[1]}
-        return jax.jit(functools.partial(ppoly_eval_triton, keys, rows, params, **statics,
-                                         **extra))
+        if variant is None:
+            return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), **statics))
+        tables, block_n, num_warps = variant
+        settings = dict(statics, block_n=block_n, num_warps=num_warps, tables=tables)
+        if tables == "floor":
+            settings.update(num_pieces=1, uniform=False, tables="shared")
+            return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(one_piece),
+                                             **settings))
+        return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), **settings))
 
     xla = jax.jit(functools.partial(ppoly_eval_reference, pp.breakpoints, pp.coeffs,
                                     uniform=pp.uniform))
@@ -75,13 +93,18 @@ def _record_case(rec, name, shape, dtype, timings, nbytes, items, item_name, err
                extra={"max_rel_error": errors["pallas"], "speedup_vs_xla": xla_ms / pallas_ms,
                       "settings": "default"}, **common)
     triton_keys = [k for k in timings if k not in ("xla", "pallas")]
+    floors = [k for k in triton_keys if labels[k].startswith("tables=floor")]
+    triton_keys = [k for k in triton_keys if k not in floors]
     best = min(triton_keys, key=lambda k: timings[k].median_ms)
+    for key in floors:  # diagnostic: one cubic piece, no search, broadcast gathers
+        rec.record(f"{name}/triton_floor_one_piece", backend="triton", timing=timings[key],
+                   baseline=f"{name}/pallas", extra={"settings": labels[key]}, **common)
     for key in triton_keys:
         ms = timings[key].median_ms
         rec.record(f"{name}/triton", backend="triton", timing=timings[key],
                    baseline=f"{name}/pallas",
                    extra={"max_rel_error": errors[key], "settings": labels[key],
-                          "default": key == triton_keys[0], "best_variant": key == best,
+                          "default": labels[key] == "default", "best_variant": key == best,
                           "speedup_vs_pallas": pallas_ms / ms, "speedup_vs_xla": xla_ms / ms},
                    **common)
     return (name, xla_ms, pallas_ms, timings[triton_keys[0]].median_ms,
@@ -91,9 +114,9 @@ def _record_case(rec, name, shape, dtype, timings, nbytes, items, item_name, err
 def _piecewise_cases(rec, on_gpu: bool, quick: bool):
     big = 1 << 26 if on_gpu else 1 << 9
     small = 2_000_000 if on_gpu else 300
-    variants = PPOLY_VARIANTS if on_gpu else PPOLY_VARIANTS[:2]
-    labels = {v: "default" if v is None else f"block_n={v[0]},num_warps={v[1]}"
-              for v in variants}
+
+    def label(v):
+        return "default" if v is None else f"tables={v[0]},block_n={v[1]},num_warps={v[2]}"
     cases = [("search", np.float32, jnp.float32, big), ("uniform", np.float32, jnp.float32, big),
              ("search", np.float32, jnp.bfloat16, big), ("uniform", np.float32, jnp.bfloat16, big),
              ("search", np.float64, jnp.float64, big), ("uniform", np.float64, jnp.float64, big),
@@ -103,6 +126,9 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
     for grid, table_dtype, x_dtype, n in cases if on_gpu else cases[:1]:
         pp = make_pp(grid == "uniform", table_dtype)
         pallas, triton, xla = _ppoly_fns(pp, interpret=not on_gpu)
+        variants = PPOLY_VARIANTS[np.dtype(table_dtype).itemsize]
+        variants = variants if on_gpu else variants[:2]
+        labels = {v: label(v) for v in variants}
         cached = n < 1 << 24
         sets = (rotating_copies(lambda i, n=n, d=x_dtype: (points(n, d, 10 + i),),
                                 n * jnp.dtype(x_dtype).itemsize) if cached
@@ -117,12 +143,21 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
         size = {1 << 26: "2^26", 2_000_000: "2e6"}.get(n, str(n))
         name = f"{grid}_{jnp.dtype(x_dtype).name}_N{size}"
         for key, fn in fns.items():
-            errors[key] = check_close(f"{name}/{key}", fn(*sets[0]), expected, **tol)
-            timings[key] = time_fn(fn, sets, calls_per_repeat=calls)
+            try:
+                # the floor computes another function: timed, not checked
+                errors[key] = (None if key is not None and key != "pallas" and key[0] == "floor"
+                               else device_check(f"{name}/{key}", fn(*sets[0]), expected, **tol))
+                timings[key] = time_fn(fn, sets, calls_per_repeat=calls)
+            except Exception as err:  # one failing variant must not lose the others
+                print(f"{name}/{key} FAILED: {type(err).__name__}: {str(err)[:400]}")
+                if key == "pallas":
+                    raise
+        variants = [v for v in variants if v in timings]
         timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
         nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
-        summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name, timings, nbytes, n,
-                                    "points", errors, labels))
+        summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name,
+                                    {k: timings[k] for k in ["xla", "pallas", *variants]},
+                                    nbytes, n, "points", errors, labels))
     return summary
 
 
@@ -188,7 +223,9 @@ def run(quick: bool = True, out: Path | None = None) -> None:
     on_gpu = cuda_gpu_available()
     rec = Recorder("triton", out)
     copy_gbs = rec.measure_copy(1 << 30 if on_gpu else 1 << 22)
-    summary = _piecewise_cases(rec, on_gpu, quick) + _fm_cases(rec, on_gpu, quick)
+    only = os.environ.get("GPUSTAT_TRITON_CASES", "piecewise,factorization").split(",")
+    summary = ((_piecewise_cases(rec, on_gpu, quick) if "piecewise" in only else [])
+               + (_fm_cases(rec, on_gpu, quick) if "factorization" in only else []))
     print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s on {rec.device}")
     print(f"{'case':34s} {'xla ms':>9s} {'pallas ms':>10s} {'triton ms':>10s} "
           f"{'best ms':>9s} {'pallas/triton':>13s}  best triton settings")

@@ -199,12 +199,14 @@ class TestPiecewiseTritonKernel:
             num_pieces=c.shape[1], degree=c.shape[0] - 1, extrapolate=mode, uniform=uniform,
             interpret=self.interpret, **settings)
 
+    @pytest.mark.parametrize("tables", ["shared", "cache"])
     @pytest.mark.parametrize("mode, uniform", [
         ("extend", False), ("extend", True), ("nan", False), ("clamp", True),
         ("periodic", False), ("periodic", True)])
-    def test_modes_float64_equal_scipy_and_reference(self, mode, uniform):
+    def test_modes_float64_equal_scipy_and_reference(self, mode, uniform, tables):
         bp, c, x = _ppoly_case(7, 3, uniform, seed=1)
-        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float64, mode, uniform, block_n=32))
+        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float64, mode, uniform, block_n=32,
+                                  tables=tables))
         expected = _ppoly_expected(bp, c, x, jnp.float64, mode, uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
         # independent oracle at the random points inside [x_0, x_P) (all modes agree with
@@ -212,14 +214,17 @@ class TestPiecewiseTritonKernel:
         inside = (x >= bp[0]) & (x < bp[-1]) & (np.arange(x.shape[0]) < 12)
         assert_close(got[inside], PPoly(c, bp)(x[inside]), rtol=1e-12, atol=1e-12)
 
+    @pytest.mark.parametrize("tables", ["shared", "cache"])
     @pytest.mark.parametrize("num_pieces, degree, size, block_n, uniform", [
         (1, 0, 1, None, False),  # one piece, a constant, one point
         (2, 1, 70, 32, True),  # three programs, ragged last block
         (256, 3, 90, 64, False),  # the benchmark's table: 8-level search
+        (300, 2, 50, 32, True),  # P not a power of two: padded shared columns
     ])
-    def test_sizes_and_degrees(self, num_pieces, degree, size, block_n, uniform):
+    def test_sizes_and_degrees(self, num_pieces, degree, size, block_n, uniform, tables):
         bp, c, x = _ppoly_case(num_pieces, degree, uniform, size=size, seed=2)
-        got = self.run(bp, c, jnp.asarray(x), np.float64, "extend", uniform, block_n=block_n)
+        got = self.run(bp, c, jnp.asarray(x), np.float64, "extend", uniform, block_n=block_n,
+                       tables=tables)
         expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
 
@@ -227,19 +232,29 @@ class TestPiecewiseTritonKernel:
         bp, c, x = _ppoly_case(5, 2, False, trailing=(2, 3), seed=3)
         got = self.run(bp, c, jnp.asarray(x), np.float64, "clamp", False, block_n=16)
         assert got.shape == (x.shape[0], 2, 3)
+        with pytest.raises(ValueError, match="tables='shared' needs one polynomial"):
+            self.run(bp, c, jnp.asarray(x), np.float64, "clamp", False, tables="shared")
+        with pytest.raises(ValueError, match="tables must be"):
+            self.run(bp, c[:, :, 0, 0], jnp.asarray(x), np.float64, "clamp", False,
+                     tables="registers")
         expected = _ppoly_expected(bp, c, x, jnp.float64, "clamp", False)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
 
-    @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-    def test_float32_and_16bit_inputs(self, dtype):
-        bp, c, x = _ppoly_case(9, 3, dtype == "float16", seed=4)
+    @pytest.mark.parametrize("dtype, degree, tables", [
+        ("float32", 3, "shared"), ("float32", 3, "cache"), ("bfloat16", 3, None),
+        ("float16", 3, "cache"),
+        # float32 shared columns travel in 64-bit pairs: odd, padded and unpaired widths
+        ("float32", 0, "shared"), ("float32", 2, "shared"), ("float32", 4, "shared")])
+    def test_float32_and_16bit_inputs(self, dtype, degree, tables):
+        bp, c, x = _ppoly_case(9, degree, dtype == "float16", seed=4)
         x = jnp.asarray(np.nan_to_num(x, nan=0.5, posinf=5.0, neginf=-5.0), dtype)
-        got = self.run(bp, c, x, np.float32, "nan", dtype == "float16", block_n=32)
+        got = self.run(bp, c, x, np.float32, "nan", dtype == "float16", block_n=32,
+                       tables=tables)
         assert got.dtype == x.dtype
         expected = _ppoly_expected(bp, c, np.asarray(x, np.float32), jnp.float32, "nan",
                                    dtype == "float16")
         if dtype == "float32":
-            terms = np.sum(np.abs(c)) * 3.0 ** 3  # scale of the Horner terms (|u| <= 3)
+            terms = np.sum(np.abs(c)) * 3.0 ** degree  # scale of the Horner terms (|u| <= 3)
             assert_close(got, expected, rtol=tol(np.float32, "kernel"),
                          atol=tol(np.float32, "kernel") * terms)
         else:

@@ -28,6 +28,7 @@ accumulator (no 0 * inf at +-inf), exactly as the reference.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +43,37 @@ __all__ = ["COMPILE_CASES", "ppoly_eval_triton", "uniform_rows"]
 
 # Points per program: 16 per thread at 4 warps in float32, 8 in float64.
 _BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
+# Largest P the shared-memory kernel stages (see staging_supported).
+_STAGED_MAX_PIECES = 1024
 # extrapolate mode -> the kernel's MODE constexpr
 _MODE_CODE = {"extend": 0, "nan": 1, "clamp": 2, "periodic": 3}
+
+
+@triton.jit
+def _fold(x, lo, hi, MODE: tl.constexpr):
+    """x moved into [x_0, x_P] under "clamp" and "periodic"; unchanged otherwise."""
+    if MODE == 2:  # clamp; comparisons keep NaN as NaN
+        x = tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+    if MODE == 3:  # periodic: jnp.mod = fmod (Triton's float %), moved into [0, period)
+        period = hi - lo
+        folded = (x - lo) % period
+        x = lo + tl.where(folded < 0, folded + period, folded)
+    return x
+
+
+@triton.jit
+def _horner_step(y, c, u):
+    """One Horner step; a zero accumulator restarts (no 0 * inf at +-inf), as the reference."""
+    return tl.where(y == 0, c, y * u + c)
+
+
+@triton.jit
+def _finish(y, u, x, lo, hi, MODE: tl.constexpr):
+    """NaN in, NaN out (also for an all-zero piece); NaN outside [x_0, x_P] under "nan"."""
+    y = tl.where(u != u, u, y)
+    if MODE == 1:
+        y = tl.where((x < lo) | (x > hi), float("nan"), y)
+    return y
 
 
 @triton.jit
@@ -58,15 +88,9 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
     in_range = offsets < SIZE
     dtype = rows_ptr.dtype.element_ty
     x = tl.load(x_ptr + offsets, mask=in_range, other=0, eviction_policy="evict_first")
-    x = x.to(dtype)
     lo = tl.load(params_ptr)
     hi = tl.load(params_ptr + 1)
-    if MODE == 2:  # clamp; comparisons keep NaN as NaN
-        x = tl.where(x < lo, lo, tl.where(x > hi, hi, x))
-    if MODE == 3:  # periodic: jnp.mod = fmod (Triton's float %), moved into [0, period)
-        period = hi - lo
-        folded = (x - lo) % period
-        x = lo + tl.where(folded < 0, folded + period, folded)
+    x = _fold(x.to(dtype), lo, hi, MODE)
 
     cols = tl.arange(0, WIDTH)
     if UNIFORM:
@@ -98,7 +122,6 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
         index = node - (1 << LEVELS)
 
     u = x - knot
-    outside = (x < lo) | (x > hi)
     for poly in range(NUM_POLYS):  # trailing polynomials share the index
         if UNIFORM and NUM_POLYS == 1:  # the row gathered by the search
             coeffs = rows
@@ -109,13 +132,83 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
         # columns of the (block_n, W) tile are picked in registers (each row is one thread's)
         y = tl.sum(tl.where(cols[None, :] == 0, coeffs, 0), axis=1)
         for k in tl.static_range(1, DEGREE + 1):
-            c = tl.sum(tl.where(cols[None, :] == k, coeffs, 0), axis=1)
-            y = tl.where(y == 0, c, y * u + c)
-        y = tl.where(u != u, u, y)  # NaN in, NaN out (also for an all-zero piece)
-        if MODE == 1:  # nan outside [x_0, x_P]
-            y = tl.where(outside, float("nan"), y)
+            y = _horner_step(y, tl.sum(tl.where(cols[None, :] == k, coeffs, 0), axis=1), u)
+        y = _finish(y, u, x, lo, hi, MODE)
         tl.store(out_ptr + offsets * NUM_POLYS + poly, y.to(out_ptr.dtype.element_ty),
                  mask=in_range, eviction_policy="evict_first")
+
+
+@triton.jit
+def _staged_column(rows_ptr, table, k: tl.constexpr, index, NUM_PIECES: tl.constexpr,
+                   WIDTH: tl.constexpr, PAIRED: tl.constexpr):
+    """Coefficient k of each point's piece, gathered from a shared-memory copy of column k.
+
+    Paired (float32): columns 2j and 2j+1 travel as one 64-bit word (little-endian:
+    column 2j in the low half), so a point costs one 8-byte shared load per two
+    coefficients.
+    """
+    if PAIRED:
+        words = rows_ptr.to(tl.pointer_type(tl.uint64))
+        column = tl.load(words + table * (WIDTH // 2) + k // 2, mask=table < NUM_PIECES, other=0)
+        word = tl.gather(column, index, 0)
+        if k % 2 == 1:
+            word = word >> 32
+        c = word.to(tl.uint32).to(tl.float32, bitcast=True)
+    else:
+        column = tl.load(rows_ptr + table * WIDTH + k, mask=table < NUM_PIECES, other=0)
+        c = tl.gather(column, index, 0)
+    return c
+
+
+@triton.jit
+def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
+                              SIZE: tl.constexpr, NUM_PIECES: tl.constexpr,
+                              DEGREE: tl.constexpr, WIDTH: tl.constexpr, LEVELS: tl.constexpr,
+                              UNIFORM: tl.constexpr, MODE: tl.constexpr,
+                              INDEX_64: tl.constexpr, TABLE: tl.constexpr,
+                              KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Each table column and the keys are read once per program into registers and
+    # gathered through shared memory (tl.gather): a warp's random lookups then cost
+    # a few bank conflicts instead of one L1 wavefront per distinct 128-byte line.
+    offsets = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offsets = offsets.to(tl.int64)
+    in_range = offsets < SIZE
+    dtype = keys_ptr.dtype.element_ty
+    x = tl.load(x_ptr + offsets, mask=in_range, other=0, eviction_policy="evict_first")
+    lo = tl.load(params_ptr)
+    hi = tl.load(params_ptr + 1)
+    x = _fold(x.to(dtype), lo, hi, MODE)
+    slots = tl.arange(0, KEYS)
+    if UNIFORM:  # keys: the P+1 sorted breakpoints
+        keys = tl.load(keys_ptr + slots, mask=slots <= NUM_PIECES, other=float("inf"))
+        t = tl.floor((x - lo) * tl.load(params_ptr + 2))
+        t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
+        guess = t.to(tl.int32)
+        up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
+        down = (guess > 0) & (x < tl.gather(keys, guess, 0))
+        index = guess + up.to(tl.int32) - down.to(tl.int32)
+        knot = tl.gather(keys, index, 0)
+    else:  # keys: the Eytzinger tree of the interior breakpoints
+        keys = tl.load(keys_ptr + slots)
+        node = tl.full([BLOCK_N], 1, tl.int32)
+        knot = tl.full([BLOCK_N], 0, dtype) + lo
+        for _ in tl.static_range(LEVELS):
+            key = tl.gather(keys, node, 0)
+            go_right = key <= x
+            knot = tl.where(go_right, key, knot)
+            node = 2 * node + go_right.to(tl.int32)
+        index = node - (1 << LEVELS)
+
+    u = x - knot
+    table = tl.arange(0, TABLE)
+    y = _staged_column(rows_ptr, table, 0, index, NUM_PIECES, WIDTH, PAIRED).to(dtype)
+    for k in tl.static_range(1, DEGREE + 1):
+        c = _staged_column(rows_ptr, table, k, index, NUM_PIECES, WIDTH, PAIRED).to(dtype)
+        y = _horner_step(y, c, u)
+    y = _finish(y, u, x, lo, hi, MODE)
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=in_range,
+             eviction_policy="evict_first")
 
 
 def _search_levels(num_pieces: int) -> int:
@@ -136,17 +229,32 @@ def uniform_rows(keys: jax.Array, rows: jax.Array, degree: int) -> jax.Array:
                             jnp.broadcast_to(knots, (*lead, 2))], axis=-1)
 
 
+def staging_supported(rows_shape, num_pieces: int) -> bool:
+    """Whether the shared-memory kernel takes these tables: one polynomial, P <= 1024.
+
+    A 1024-entry column is 8 registers a thread at 4 warps before it is staged.
+    """
+    return len(rows_shape) == 2 and num_pieces <= _STAGED_MAX_PIECES
+
+
 def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
-              extrapolate: str, uniform: bool, block_n: int | None) -> dict:
-    """The kernel's constexprs for one call."""
+              extrapolate: str, uniform: bool, block_n: int | None, staged: bool) -> dict:
+    """The constexprs of one call of the shared-memory (``staged``) or the cached-table kernel."""
     num_polys = 1
     for s in rows_shape[:-2]:
         num_polys *= s
     block = min(block_n or _BLOCK_N[jnp.dtype(table_dtype)], next_pow2(size))
-    return dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
-                NUM_POLYS=num_polys, LEVELS=_search_levels(num_pieces), UNIFORM=uniform,
-                MODE=_MODE_CODE[extrapolate], INDEX_64=size * num_polys + block >= 2**31,
-                BLOCK_N=block)
+    levels = _search_levels(num_pieces)
+    settings = dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
+                    LEVELS=levels, UNIFORM=uniform, MODE=_MODE_CODE[extrapolate],
+                    INDEX_64=size * num_polys + block >= 2**31, BLOCK_N=block)
+    if staged:
+        paired = jnp.dtype(table_dtype) == jnp.float32 and rows_shape[-1] >= 2
+        settings.update(TABLE=next_pow2(num_pieces), PAIRED=paired,
+                        KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels)
+    else:
+        settings.update(NUM_POLYS=num_polys)
+    return settings
 
 
 @functools.cache
@@ -156,7 +264,7 @@ def _batched_launcher(config: tuple):
     Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
     flattened points; batched tables (rare) launch once per batch element.
     """
-    extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps = config
+    extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables = config
 
     @jax.custom_batching.custom_vmap
     def evaluate(keys, rows, params, x):
@@ -164,13 +272,16 @@ def _batched_launcher(config: tuple):
         trailing = rows.shape[:-2]
         if size == 0:
             return jnp.zeros((0, *trailing), x.dtype)
-        if uniform:
+        staged = tables == "shared" or (tables is None
+                                        and staging_supported(rows.shape, num_pieces))
+        if uniform and not staged:
             rows = uniform_rows(keys, rows, degree)
         settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
                              degree=degree, extrapolate=extrapolate, uniform=uniform,
-                             block_n=block_n)
-        y = launch(_ppoly_eval_kernel, (x, keys, rows, params),
-                   jax.ShapeDtypeStruct((size * settings["NUM_POLYS"],), x.dtype),
+                             block_n=block_n, staged=staged)
+        kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
+        y = launch(kernel, (x, keys, rows, params),
+                   jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
                    (triton.cdiv(size, settings["BLOCK_N"]),), num_warps=num_warps,
                    interpret=interpret, **settings)
         return y.reshape((size, *trailing))
@@ -190,12 +301,12 @@ def _batched_launcher(config: tuple):
 
 
 @functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
-                                             "interpret", "block_n", "num_warps"))
+                                             "interpret", "block_n", "num_warps", "tables"))
 def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4) -> jax.Array:
-    """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with the Triton kernel.
+                      num_warps: int = 4, tables: str | None = None) -> jax.Array:
+    """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
 
     Args:
         keys, rows, params: from ``kernel_tables`` in the compute dtype (float32
@@ -207,6 +318,9 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         interpret: run the kernel in Triton's interpreter on the host (tests).
         block_n: points per program (power of two); default by dtype.
         num_warps: warps per program.
+        tables: "shared" (keys and coefficients staged in shared memory, gathered
+            with ``tl.gather``; one polynomial, P <= 1024), "cache" (gathered from
+            global memory through L1) or None (shared where supported).
 
     Returns:
         (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not
@@ -216,7 +330,12 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
     if x.ndim != 1:
         raise ValueError(f"x must be 1-D (n,), got {x.shape=}")
-    config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps)
+    if tables not in (None, "shared", "cache"):
+        raise ValueError(f"tables must be None, 'shared' or 'cache', got {tables=!r}")
+    if tables == "shared" and not staging_supported(rows.shape, num_pieces):
+        raise ValueError(f"tables='shared' needs one polynomial and P <= {_STAGED_MAX_PIECES}, "
+                         f"got {rows.shape=}")
+    config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables)
     return _batched_launcher(config)(keys, rows, params, x)
 
 
@@ -224,17 +343,22 @@ def _compile_cases() -> tuple[CompileCase, ...]:
     """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces, n = 5000)."""
     cases = []
     for x_dtype, dtype, uniform, extrapolate, polys in [
-        (jnp.float32, jnp.float32, False, "extend", 1),
-        (jnp.bfloat16, jnp.float32, True, "nan", 1),
-        (jnp.float16, jnp.float32, False, "clamp", 3),
+        (jnp.float32, jnp.float32, False, "extend", 0),  # 0: one polynomial, shared tables
+        (jnp.bfloat16, jnp.float32, True, "nan", 0),
+        (jnp.float64, jnp.float64, False, "periodic", 0),
+        (jnp.float64, jnp.float64, True, "clamp", 0),
+        (jnp.float16, jnp.float32, False, "clamp", 3),  # trailing polynomials, cached tables
         (jnp.float64, jnp.float64, True, "periodic", 2),
     ]:
-        settings = _settings(x_dtype, dtype, 5000, (polys, 256, 8 if uniform else 4),
-                             num_pieces=256, degree=3,
-                             extrapolate=extrapolate, uniform=uniform, block_n=None)
+        staged = polys == 0
+        rows_shape = (256, 4) if staged else (polys, 256, 8 if uniform else 4)
+        settings = _settings(x_dtype, dtype, 5000, rows_shape, num_pieces=256, degree=3,
+                             extrapolate=extrapolate, uniform=uniform, block_n=None,
+                             staged=staged)
         name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
-                f"{extrapolate},t={polys}]")
-        cases.append(CompileCase(name, _ppoly_eval_kernel, (x_dtype, dtype, dtype, dtype, x_dtype),
+                f"{extrapolate},{'shared' if staged else f't={polys}'}]")
+        kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
+        cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, x_dtype),
                                  settings, 4))
     return tuple(cases)
 
