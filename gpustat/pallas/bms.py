@@ -5,10 +5,10 @@ Each wrapper has the signature of its :mod:`gpustat.reference.bms` counterpart p
 (``memory_space=ANY``) and are read with masked gathers, so no wrapper pads or
 copies a large input.
 
-* ``_cell_moments_kernel``: ``block_cells`` cells per program; the 384 Gauss-Legendre
-  nodes are folded in chunks of 128 (a (block_cells, 128) tile per step), skipped
-  entirely when every cell of the block is affine; affine cells use the closed form
-  and the upward recurrence on (block_cells,) vectors.
+* ``_cell_moments_kernel``: ``block_cells`` cells per program, one cell per lane; the
+  384 Gauss-Legendre nodes are walked serially (two per loop step) into lane-local
+  running moment sums, skipped entirely when every cell of the block is affine;
+  affine cells use the closed form and the upward recurrence on (block_cells,) vectors.
 * ``_row_derivatives_kernel``: ``block_rows`` rows per program walk their CSR cells
   in lock step (cell slot k of every row, masked past each row's count). Per row it
   accumulates the first functionals D(E_u), the D parts of the second jets and the
@@ -48,7 +48,6 @@ from gpustat.reference.numerics import log_ndtr_and_mills, ndtr, probit_curvatur
 __all__ = ["cell_moments", "joint_dense", "joint_diagonal", "joint_hvp", "row_derivatives"]
 
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
-_GL_CHUNK = 128
 _SQRT_2PI = 2.5066282746310002
 MAX_RHS = 8
 
@@ -89,27 +88,29 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
     zero = jnp.zeros_like(c0)
     c0, c1, c2, c3 = (jnp.where(finite_c, v, zero) for v in (c0, c1, c2, c3))
 
-    # Gauss-Legendre on [mid - half, mid + half], 128 nodes per step; skipped when
+    # Gauss-Legendre on [mid - half, mid + half]: one cell per lane, the nodes walked
+    # serially (two per step, j and j + GL_NODES/2, for two independent exp chains), so
+    # each moment is a lane-local running sum (no cross-lane reductions). Skipped when
     # every cell of the block takes an affine branch.
-    def gl_step(j, carry):
+    def gl_pair(j, carry):
         acc, bad = carry
-        t = nodes_ref[pl.ds(j * _GL_CHUNK, _GL_CHUNK)]
-        wt = weights_ref[pl.ds(j * _GL_CHUNK, _GL_CHUNK)]
-        z = mid[:, None] + half[:, None] * t[None, :]
-        eta = c0[:, None] + z * (c1[:, None] + z * (c2[:, None] + z * c3[:, None]))
-        qz = 0.5 * (z * z + eta * eta)
-        bad = jnp.maximum(bad, jnp.max(jnp.where(_finite(qz), 0, 1).astype(jnp.int32), axis=1))
-        term = half[:, None] * wt[None, :] * jnp.exp(-qz)
-        new = []
-        for k in range(order + 1):
-            new.append(acc[k] + jnp.sum(term, axis=1))
-            term = term * z
-        return tuple(new), bad
+        for node in (j, j + GL_NODES // 2):
+            z = mid + half * nodes_ref[node]
+            eta = c0 + z * (c1 + z * (c2 + z * c3))
+            qz = 0.5 * (z * z + eta * eta)
+            bad = bad | ~_finite(qz)
+            term = (half * weights_ref[node]) * jnp.exp(-qz)
+            new = []
+            for k in range(order + 1):
+                new.append(acc[k] + term)
+                term = term * z
+            acc = tuple(new)
+        return acc, bad
 
     needs_gl = jnp.max(jnp.where(live & ~affine, 1, 0).astype(jnp.int32))
     acc0 = tuple(zero for _ in range(order + 1))
-    gl, gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // _GL_CHUNK), gl_step,
-                                   (acc0, jnp.zeros(block_cells, jnp.int32)))
+    gl, gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // 2), gl_pair,
+                                   (acc0, jnp.zeros(block_cells, jnp.bool_)))
 
     # affine closed form: q(z) = d1 (z - μ)²/2 + α²/(2 d1), then the upward recurrence
     d0 = c0 * c1
@@ -141,7 +142,7 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
                        jnp.where(invalid, CellStatus.INVALID_INTERVAL,
                                  jnp.where(infinite & curved,
                                            CellStatus.NON_AFFINE_INFINITE_INTERVAL,
-                                           jnp.where(jnp.where(affine, af_bad, gl_bad > 0),
+                                           jnp.where(jnp.where(affine, af_bad, gl_bad),
                                                      CellStatus.NON_FINITE_EVALUATION,
                                                      CellStatus.OK)))).astype(jnp.int32)
     ok = status == CellStatus.OK
@@ -156,7 +157,7 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
 
 
 @functools.partial(jax.jit, static_argnames=("order", "interpret", "block_cells", "num_warps"))
-def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_cells: int = 32,
+def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_cells: int = 128,
                  num_warps: int = 4):
     """Kernel twin of :func:`gpustat.reference.bms.cell_moments`."""
     dtype = compute_dtype(c.dtype)
@@ -306,6 +307,14 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
 
 
 # ----------------------------------------------------------------------------- joint operators
+#
+# The HVP and the dense block stream the row Hessians once, as flat (block_rows, r*r)
+# tiles: each row's r*r entries are contiguous in memory, so the tile load is coalesced
+# (the only large read; rows 0/1 and columns 0/1 of H_i, re-read below, come from cache).
+# The tile is added into a (block_rows, r*r) register accumulator, reduced over rows once
+# per program: Σ_i H_i. Everything that depends on the designs X, G is small and goes
+# through dots with K = block_rows (float64: Triton's m8n8k4 MMA; float32: IEEE FMA,
+# precision HIGHEST, never TF32).
 
 
 def _row_block(first_block, step, block_rows, n):
@@ -318,48 +327,80 @@ def _load_design(ref, rows, live, cols, width):
     return _load(ref, (rows[:, None], cols[None, :]), live[:, None] & (cols[None, :] < width))
 
 
-def _joint_hvp_kernel(hess_ref, x_ref, g_ref, vm_ref, vg_ref, vr_ref, px_ref, pg_ref, pr_ref, *,
-                      n, r, p_m, p_g, n_rhs, block_rows, steps):
-    u = jnp.arange(next_pow2(r))
-    jm = jnp.arange(next_pow2(p_m))
-    jg = jnp.arange(next_pow2(p_g))
-    vm = [vm_ref[b, :] for b in range(n_rhs)]
-    vg = [vg_ref[b, :] for b in range(n_rhs)]
-    vr = [vr_ref[b, :] for b in range(n_rhs)]
+def _dot_width(n):
+    """Padded size of an in-kernel dot dimension (float64 dots need M, K >= 16)."""
+    return max(16, next_pow2(n))
 
+
+def _dot(a, b):
+    """a @ b in full precision."""
+    return jax.lax.dot(a, b, precision=jax.lax.Precision.HIGHEST,
+                       preferred_element_type=a.dtype)
+
+
+def _dot_t(a, b):
+    """aᵀ @ b in full precision (contracts the row axis of both)."""
+    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=a.dtype)
+
+
+def _hessian_tile(hess_ref, rows, live, r):
+    """The block's row Hessians as a flat (block_rows, next_pow2(r*r)) tile, zero-padded."""
+    k = jnp.arange(next_pow2(r * r))
+    return _load(hess_ref, (rows[:, None], k[None, :]), live[:, None] & (k[None, :] < r * r))
+
+
+def _hessian_line(hess_ref, rows, live, u, r, *, row=None, col=None):
+    """Row ``row`` (H_i[row, u]) or column ``col`` (H_i[u, col]) of each row Hessian."""
+    flat = row * r + u if col is None else u * r + col
+    return _load(hess_ref, (rows[:, None], flat[None, :]), live[:, None] & (u[None, :] < r))
+
+
+def _entry(line, u, j):
+    """Entry j of each row of a (block_rows, width) tile, as a (block_rows, 1) column."""
+    return jnp.sum(jnp.where(u[None, :] == j, line, 0.0), axis=1)[:, None]
+
+
+def _joint_hvp_kernel(hess_ref, x_ref, g_ref, vmt_ref, vgt_ref, vrt_ref,
+                      px_ref, pg_ref, pc_ref, ph_ref, *, n, r, p_m, p_g, block_rows, steps):
+    # Per row, d_i = J_i v = (x_i·v_m, g_i·v_g, v_r) and t_i = H_i d_i. The output needs
+    # Σ_i x_i t_i0, Σ_i g_i t_i1 (rows 0 and 1 of H_i) and Σ_i t_iu for u >= 2, which is
+    # Σ_i (H_i[u, 0] d_i0 + H_i[u, 1] d_i1) + (Σ_i H_i)[u, :] v_r: the first part here
+    # (columns 0, 1), the second on the host from the streamed sum of the Hessians.
+    u = jnp.arange(_dot_width(r))
+    jm = jnp.arange(vmt_ref.shape[0])
+    jg = jnp.arange(vgt_ref.shape[0])
+    vmt, vgt, vrt = vmt_ref[...], vgt_ref[...], vrt_ref[...]     # (width, MAX_RHS)
     first_block = pl.program_id(0) * steps
 
     def step(s, carry):
-        acc_x, acc_g, acc_r = carry
+        acc_x, acc_g, acc_c, acc_h = carry
         rows, live = _row_block(first_block, s, block_rows, n)
-        h = _load(hess_ref, (rows[:, None, None], u[None, :, None], u[None, None, :]),
-                  live[:, None, None] & (u[None, :, None] < r) & (u[None, None, :] < r))
+        acc_h = acc_h + _hessian_tile(hess_ref, rows, live, r)
         x = _load_design(x_ref, rows, live, jm, p_m)
         g = _load_design(g_ref, rows, live, jg, p_g)
-        new_x, new_g, new_r = [], [], []
-        for b in range(n_rhs):
-            # d_i = J_i v: (x_i·v_m, g_i·v_g, v_h, v_w); t_i = H_i d_i; J_iᵀ t_i by blocks
-            d = jnp.where(u[None, :] == 0, jnp.sum(x * vm[b][None, :], axis=1)[:, None],
-                          jnp.where(u[None, :] == 1, jnp.sum(g * vg[b][None, :], axis=1)[:, None],
-                                    vr[b][None, :]))
-            t = jnp.sum(h * d[:, None, :], axis=2)
-            t0 = jnp.sum(jnp.where(u[None, :] == 0, t, 0.0), axis=1)
-            t1 = jnp.sum(jnp.where(u[None, :] == 1, t, 0.0), axis=1)
-            new_x.append(acc_x[b] + jnp.sum(t0[:, None] * x, axis=0))
-            new_g.append(acc_g[b] + jnp.sum(t1[:, None] * g, axis=0))
-            new_r.append(acc_r[b] + jnp.sum(t, axis=0))
-        return tuple(new_x), tuple(new_g), tuple(new_r)
+        d0 = _dot(x, vmt)                                          # (block_rows, MAX_RHS)
+        d1 = _dot(g, vgt)
+        h0 = _hessian_line(hess_ref, rows, live, u, r, row=0)
+        h1 = _hessian_line(hess_ref, rows, live, u, r, row=1)
+        t0 = _entry(h0, u, 0) * d0 + _entry(h0, u, 1) * d1 + _dot(h0, vrt)
+        t1 = _entry(h1, u, 0) * d0 + _entry(h1, u, 1) * d1 + _dot(h1, vrt)
+        c0 = _hessian_line(hess_ref, rows, live, u, r, col=0)
+        c1 = _hessian_line(hess_ref, rows, live, u, r, col=1)
+        return (acc_x + _dot_t(x, t0), acc_g + _dot_t(g, t1),
+                acc_c + (_dot_t(c0, d0) + _dot_t(c1, d1)), acc_h)
 
-    dtype = vm_ref.dtype
-    init = (tuple(jnp.zeros(jm.shape, dtype) for _ in range(n_rhs)),
-            tuple(jnp.zeros(jg.shape, dtype) for _ in range(n_rhs)),
-            tuple(jnp.zeros(u.shape, dtype) for _ in range(n_rhs)))
-    acc_x, acc_g, acc_r = jax.lax.fori_loop(0, steps, step, init)
+    dtype = vmt_ref.dtype
+    init = (jnp.zeros(px_ref.shape[1:], dtype), jnp.zeros(pg_ref.shape[1:], dtype),
+            jnp.zeros(pc_ref.shape[1:], dtype),
+            jnp.zeros((block_rows, ph_ref.shape[1]), dtype))
+    acc_x, acc_g, acc_c, acc_h = jax.lax.fori_loop(0, steps, step, init)
     pid = pl.program_id(0)
-    for b in range(n_rhs):
-        px_ref[pid, b, :] = acc_x[b]
-        pg_ref[pid, b, :] = acc_g[b]
-        pr_ref[pid, b, :] = acc_r[b]
+    px_ref[pid, :, :] = acc_x
+    pg_ref[pid, :, :] = acc_g
+    pc_ref[pid, :, :] = acc_c
+    ph_ref[pid, :] = jnp.sum(acc_h, axis=0)
 
 
 def _grid(n, block_rows, target_programs):
@@ -369,43 +410,55 @@ def _grid(n, block_rows, target_programs):
     return pl.cdiv(blocks, steps), steps
 
 
-def _pad_cols(v, width):
-    return jnp.pad(v, ((0, 0), (0, width - v.shape[1])))
+def _pad_to(v, shape):
+    return jnp.pad(v, [(0, w - s) for s, w in zip(v.shape, shape)])
+
+
+def _hessian_sum(ph, r):
+    """Σ_i H_i from the programs' flat partial sums."""
+    return ph.sum(0)[:r * r].reshape(r, r)
+
+
+def _hdot(a, b):
+    return jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps",
                                              "target_programs"))
-def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 8, num_warps: int = 8,
-              target_programs: int = 1024):
+def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 16,
+              num_warps: int = 8, target_programs: int = 1024):
     """Kernel twin of :func:`gpustat.reference.bms.joint_hvp`: v (R, p_total) -> (R, p_total).
 
-    Up to :data:`MAX_RHS` directions share one pass over the row Hessians; more are
-    processed in consecutive launches of :data:`MAX_RHS`.
+    Up to :data:`MAX_RHS` directions share one pass over the row Hessians (a launch
+    always carries :data:`MAX_RHS`, zero-padded); more run in consecutive launches.
     """
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
     programs, steps = _grid(n, block_rows, target_programs)
-    rp, pm, pg = next_pow2(r), next_pow2(p_m), next_pow2(p_g)
+    rp, pm, pg = _dot_width(r), _dot_width(p_m), _dot_width(p_g)
+    hess = hess.astype(dtype).reshape(n, r * r)
+    kernel = functools.partial(_joint_hvp_kernel, n=n, r=r, p_m=p_m, p_g=p_g,
+                               block_rows=block_rows, steps=steps)
+    call = pallas_call(
+        kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
+        in_specs=[_ANY] * 6, out_specs=[_ANY] * 4,
+        out_shape=[jax.ShapeDtypeStruct((programs, pm, MAX_RHS), dtype),
+                   jax.ShapeDtypeStruct((programs, pg, MAX_RHS), dtype),
+                   jax.ShapeDtypeStruct((programs, rp, MAX_RHS), dtype),
+                   jax.ShapeDtypeStruct((programs, next_pow2(r * r)), dtype)])
     outs = []
     for lo in range(0, v.shape[0], MAX_RHS):
-        vb = v[lo:lo + MAX_RHS].astype(dtype)
-        n_rhs = vb.shape[0]
-        vm = _pad_cols(vb[:, :p_m], pm)
-        vg = _pad_cols(vb[:, p_m:p_m + p_g], pg)
-        # v_h, v_w shifted into the row coordinates 2..r-1
-        vr = _pad_cols(jnp.pad(vb[:, p_m + p_g:], ((0, 0), (2, 0))), rp)
-        kernel = functools.partial(_joint_hvp_kernel, n=n, r=r, p_m=p_m, p_g=p_g, n_rhs=n_rhs,
-                                   block_rows=block_rows, steps=steps)
-        px, pg_, pr = pallas_call(
-            kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
-            in_specs=[_ANY] * 6, out_specs=[_ANY] * 3,
-            out_shape=[jax.ShapeDtypeStruct((programs, n_rhs, pm), dtype),
-                       jax.ShapeDtypeStruct((programs, n_rhs, pg), dtype),
-                       jax.ShapeDtypeStruct((programs, n_rhs, rp), dtype)],
-        )(hess.astype(dtype), x.astype(dtype), g.astype(dtype), vm, vg, vr)
-        outs.append(jnp.concatenate([px.sum(0)[:, :p_m], pg_.sum(0)[:, :p_g],
-                                     pr.sum(0)[:, 2:r]], axis=1))
+        vb = _pad_to(v[lo:lo + MAX_RHS].astype(dtype), (MAX_RHS, v.shape[1]))
+        # v_h, v_w shifted into the row coordinates 2..r-1 (rows 0, 1 of vr are zero)
+        vr = jnp.pad(vb[:, p_m + p_g:], ((0, 0), (2, 0)))           # (MAX_RHS, r)
+        px, pg_, pc, ph = call(hess, x.astype(dtype), g.astype(dtype),
+                               _pad_to(vb[:, :p_m].T, (pm, MAX_RHS)),
+                               _pad_to(vb[:, p_m:p_m + p_g].T, (pg, MAX_RHS)),
+                               _pad_to(vr.T, (rp, MAX_RHS)))
+        t_r = pc.sum(0)[2:r] + _hdot(_hessian_sum(ph, r)[2:], vr.T)
+        out = jnp.concatenate([px.sum(0)[:p_m], pg_.sum(0)[:p_g], t_r], axis=0).T
+        outs.append(out[:min(MAX_RHS, v.shape[0] - lo)])
     return jnp.concatenate(outs, axis=0)
 
 
@@ -461,70 +514,68 @@ def joint_diagonal(hess, x, g, *, interpret: bool = False, block_rows: int = 16,
     return jnp.concatenate([px.sum(0)[:p_m], pg.sum(0)[:p_g], pr.sum(0)[2:r]])
 
 
-def _joint_dense_kernel(hess_ref, x_ref, g_ref, zz_ref, zr_ref, rr_ref, *, n, r, p_m, p_g,
-                        block_rows, steps):
-    u = jnp.arange(next_pow2(r))
-    jz = jnp.arange(next_pow2(p_m + p_g))
-    uu = u[None, :, None]
-    vv = u[None, None, :]
-
+def _joint_dense_kernel(hess_ref, x_ref, g_ref, zz_ref, zr_ref, rz_ref, ph_ref, *, n, r, p_m,
+                        p_g, block_rows, steps):
+    # z = (x, g) coordinates of a row in one vector: x at 0..p_m-1, g at p_m..p_m+p_g-1.
+    # Blocks of J_iᵀ H_i J_i: zz = Σ_ab z_a H_ab z_bᵀ (a, b in {0, 1}), zr = Σ_a z_a H_i[a, :],
+    # rz = Σ_b H_i[:, b] z_bᵀ, rr = H_i (streamed sum).
+    u = jnp.arange(_dot_width(r))
+    jz = jnp.arange(zz_ref.shape[1])
     first_block = pl.program_id(0) * steps
 
     def step(s, carry):
-        zz, zr, rr = carry
+        zz, zr, rz, acc_h = carry
         rows, live = _row_block(first_block, s, block_rows, n)
-        h = _load(hess_ref, (rows[:, None, None], uu, vv),
-                  live[:, None, None] & (uu < r) & (vv < r))
-        # the (x, g) coordinates of a row in one vector: x at 0..p_m-1, g at p_m..p_m+p_g-1
+        acc_h = acc_h + _hessian_tile(hess_ref, rows, live, r)
         xz = _load(x_ref, (rows[:, None], jz[None, :]), live[:, None] & (jz[None, :] < p_m))
         gz = _load(g_ref, (rows[:, None], jz[None, :] - p_m),
                    live[:, None] & (jz[None, :] >= p_m) & (jz[None, :] < p_m + p_g))
-        row0 = jnp.sum(jnp.where(uu == 0, h, 0.0), axis=1)           # H_i[0, :]
-        row1 = jnp.sum(jnp.where(uu == 1, h, 0.0), axis=1)           # H_i[1, :]
-        h00 = jnp.sum(jnp.where(u[None, :] == 0, row0, 0.0), axis=1)
-        h01 = jnp.sum(jnp.where(u[None, :] == 1, row0, 0.0), axis=1)
-        h11 = jnp.sum(jnp.where(u[None, :] == 1, row1, 0.0), axis=1)
-        p1 = h00[:, None] * xz + h01[:, None] * gz
-        p2 = h01[:, None] * xz + h11[:, None] * gz
-        zz = zz + jnp.sum(p1[:, :, None] * xz[:, None, :] + p2[:, :, None] * gz[:, None, :], axis=0)
-        zr = zr + jnp.sum(xz[:, :, None] * row0[:, None, :] + gz[:, :, None] * row1[:, None, :],
-                          axis=0)
-        return zz, zr, rr + jnp.sum(h, axis=0)
+        h0 = _hessian_line(hess_ref, rows, live, u, r, row=0)
+        h1 = _hessian_line(hess_ref, rows, live, u, r, row=1)
+        c0 = _hessian_line(hess_ref, rows, live, u, r, col=0)
+        c1 = _hessian_line(hess_ref, rows, live, u, r, col=1)
+        p0 = _entry(h0, u, 0) * xz + _entry(h0, u, 1) * gz
+        p1 = _entry(h1, u, 0) * xz + _entry(h1, u, 1) * gz
+        return (zz + (_dot_t(xz, p0) + _dot_t(gz, p1)), zr + (_dot_t(xz, h0) + _dot_t(gz, h1)),
+                rz + (_dot_t(c0, xz) + _dot_t(c1, gz)), acc_h)
 
     dtype = zz_ref.dtype
-    pz, rp = jz.shape[0], u.shape[0]
-    init = (jnp.zeros((pz, pz), dtype), jnp.zeros((pz, rp), dtype), jnp.zeros((rp, rp), dtype))
-    zz, zr, rr = jax.lax.fori_loop(0, steps, step, init)
+    init = (jnp.zeros(zz_ref.shape[1:], dtype), jnp.zeros(zr_ref.shape[1:], dtype),
+            jnp.zeros(rz_ref.shape[1:], dtype), jnp.zeros((block_rows, ph_ref.shape[1]), dtype))
+    zz, zr, rz, acc_h = jax.lax.fori_loop(0, steps, step, init)
     pid = pl.program_id(0)
     zz_ref[pid, :, :] = zz
     zr_ref[pid, :, :] = zr
-    rr_ref[pid, :, :] = rr
+    rz_ref[pid, :, :] = rz
+    ph_ref[pid, :] = jnp.sum(acc_h, axis=0)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps",
                                              "target_programs"))
-def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 8, num_warps: int = 8,
-                target_programs: int = 512):
+def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 16, num_warps: int = 8,
+                target_programs: int = 1024):
     """Kernel twin of :func:`gpustat.reference.bms.joint_dense`: (p_total, p_total)."""
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
     p_z = p_m + p_g
     programs, steps = _grid(n, block_rows, target_programs)
-    rp, pz = next_pow2(r), next_pow2(p_z)
+    rp, pz = _dot_width(r), _dot_width(p_z)
     kernel = functools.partial(_joint_dense_kernel, n=n, r=r, p_m=p_m, p_g=p_g,
                                block_rows=block_rows, steps=steps)
-    zz, zr, rr = pallas_call(
+    zz, zr, rz, ph = pallas_call(
         kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
-        in_specs=[_ANY] * 3, out_specs=[_ANY] * 3,
+        in_specs=[_ANY] * 3, out_specs=[_ANY] * 4,
         out_shape=[jax.ShapeDtypeStruct((programs, pz, pz), dtype),
                    jax.ShapeDtypeStruct((programs, pz, rp), dtype),
-                   jax.ShapeDtypeStruct((programs, rp, rp), dtype)],
-    )(hess.astype(dtype), x.astype(dtype), g.astype(dtype))
+                   jax.ShapeDtypeStruct((programs, rp, pz), dtype),
+                   jax.ShapeDtypeStruct((programs, next_pow2(r * r)), dtype)],
+    )(hess.astype(dtype).reshape(n, r * r), x.astype(dtype), g.astype(dtype))
     zz = zz.sum(0)[:p_z, :p_z]
     zr = zr.sum(0)[:p_z, 2:r]
-    rr = rr.sum(0)[2:r, 2:r]
-    return jnp.block([[zz, zr], [zr.T, rr]])
+    rz = rz.sum(0)[2:r, :p_z]
+    rr = _hessian_sum(ph, r)[2:, 2:]
+    return jnp.block([[zz, zr], [rz, rr]])
 
 
 # ----------------------------------------------------------------------------- lowering cases

@@ -71,6 +71,25 @@ class TestBmsKernels(KernelTests):
             spec = np.array([cell[3] for cell in tables.MOMENT_CELLS])
             assert_close(np.asarray(moments)[:spec.shape[0], :10], spec, rtol=1e-12, atol=1e-15)
 
+    def test_cell_moments_blocks_with_and_without_quadrature(self):
+        # blocks of 16 cells: the first all affine (the Gauss-Legendre loop is skipped),
+        # the second mixed, the third partial (35 cells)
+        rng = np.random.default_rng(5)
+        lo = np.concatenate([np.full(16, -np.inf), rng.uniform(-2.0, 0.0, 19)])
+        hi = np.concatenate([rng.uniform(-1.0, 1.0, 16), lo[16:] + rng.uniform(0.1, 1.5, 19)])
+        c = rng.normal(size=(35, 4)) * [0.3, 0.5, 0.2, 0.1]
+        c[:16, 2:] = 0.0
+        c[16::3, 2:] = 0.0
+        moments, status = bms.kernels.cell_moments(lo, hi, c, interpret=self.backend == "interpret",
+                                                   block_cells=16)
+        expected, expected_status = reference.cell_moments(jnp.asarray(lo), jnp.asarray(hi),
+                                                           jnp.asarray(c))
+        assert np.array_equal(status, expected_status) and not np.any(np.asarray(status))
+        # relative to each cell's largest moment (odd moments can cancel to ~0)
+        scale = np.max(np.abs(np.asarray(expected)), axis=1, keepdims=True)
+        err = np.abs(np.asarray(moments) - np.asarray(expected))
+        assert np.all(err <= tol(np.float64, "kernel") * scale), float(np.max(err / scale))
+
     def test_row_derivatives_match_reference(self):
         # 7 rows (not a multiple of the 4-row block), counts 0..4, the last cell failed
         args = _synthetic_rows(np.random.default_rng(0), [2, 3, 1, 0, 4, 2, 3], 2, 1)
@@ -120,3 +139,19 @@ class TestBmsKernels(KernelTests):
         assert_close(out, dense @ v, rtol=1e-5, atol=1e-5 * np.abs(dense).max())
         assert_close(bms.joint_dense(hess, x, g, backend=self.backend), dense, rtol=1e-5,
                      atol=1e-6)
+
+    def test_joint_operators_stream_several_blocks_per_program(self):
+        # 45 rows in blocks of 16 over 2 programs: each program walks 2 blocks, the last
+        # one partial. Non-symmetric Hessians: rows and columns 0, 1 of H_i both count.
+        rng = np.random.default_rng(4)
+        hess, x, g = tables.random_row_hessians(rng, 45, 5, 3, 2)
+        hess = hess + 0.3 * rng.standard_normal(hess.shape)
+        dense = tables.dense_joint_loops(hess, x, g)
+        v = rng.standard_normal((3, dense.shape[0]))
+        interpret = self.backend == "interpret"
+        rtol = tol(np.float64, "oracle")
+        scale = np.abs(dense).max() * np.abs(v).max()
+        assert_close(bms.kernels.joint_hvp(hess, x, g, v, interpret=interpret, target_programs=2),
+                     v @ dense.T, rtol=rtol, atol=rtol * scale)
+        assert_close(bms.kernels.joint_dense(hess, x, g, interpret=interpret, target_programs=2),
+                     dense, rtol=rtol, atol=rtol * np.abs(dense).max())
