@@ -41,14 +41,16 @@ from gpustat.reference import factorization as reference_fm
 from gpustat.reference.piecewise import ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
-# Triton launch settings tried per piecewise case: (tables, block_n, num_warps); None =
-# the wrapper's default. "shared" stages the tables in shared memory, "cache" gathers
-# them from global memory through L1; "floor" is the shared kernel on a single cubic
-# piece (no search, every gather a broadcast): the cost of streaming x and y plus Horner.
+# Triton launch settings tried per piecewise case: (tables, block_n, num_warps, chunks);
+# None = the wrapper's default. "shared" stages the tables in shared memory, "cache"
+# gathers them from global memory through L1; "floor" is the shared kernel on a single
+# cubic piece (no search, every gather a broadcast): the cost of streaming x and y plus
+# Horner in that kernel's structure.
 PPOLY_VARIANTS = {  # by table itemsize
-    4: [None, ("shared", 1024, 4), ("shared", 512, 4), ("shared", 2048, 8), ("cache", 2048, 4),
-        ("floor", 1024, 4)],
-    8: [None, ("shared", 512, 4), ("shared", 256, 4), ("cache", 512, 4), ("floor", 512, 4)],
+    4: [None, ("shared", 1024, 4, 16), ("shared", 512, 4, 16), ("shared", 2048, 8, 8),
+        ("shared", 512, 2, 16), ("cache", 2048, 4, None), ("floor", 1024, 4, 8)],
+    8: [None, ("shared", 512, 4, 16), ("shared", 256, 4, 16), ("shared", 1024, 8, 8),
+        ("cache", 512, 4, None), ("floor", 512, 4, 8)],
 }
 # FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
 FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
@@ -70,8 +72,9 @@ def _ppoly_fns(pp, interpret: bool):
     def triton(variant):
         if variant is None:
             return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), **statics))
-        tables, block_n, num_warps = variant
-        settings = dict(statics, block_n=block_n, num_warps=num_warps, tables=tables)
+        tables, block_n, num_warps, chunks = variant
+        settings = dict(statics, block_n=block_n, num_warps=num_warps, tables=tables,
+                        chunks=chunks)
         if tables == "floor":
             settings.update(num_pieces=1, uniform=False, tables="shared")
             return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(one_piece),
@@ -116,7 +119,8 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
     small = 2_000_000 if on_gpu else 300
 
     def label(v):
-        return "default" if v is None else f"tables={v[0]},block_n={v[1]},num_warps={v[2]}"
+        return "default" if v is None else (f"tables={v[0]},block_n={v[1]},num_warps={v[2]}"
+                                             + (f",chunks={v[3]}" if v[3] else ""))
     cases = [("search", np.float32, jnp.float32, big), ("uniform", np.float32, jnp.float32, big),
              ("search", np.float32, jnp.bfloat16, big), ("uniform", np.float32, jnp.bfloat16, big),
              ("search", np.float64, jnp.float64, big), ("uniform", np.float64, jnp.float64, big),
@@ -155,6 +159,11 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
         variants = [v for v in variants if v in timings]
         timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
         nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
+        if cached:  # torchPACE's shape: the trivial a*x+b timed the same way
+            rec.record(f"{name}/axpb", shape=(n,), dtype=jnp.dtype(x_dtype).name, backend="xla",
+                       timing=time_fn(jax.jit(lambda v: 1.5 * v + 0.25), sets,
+                                      calls_per_repeat=calls),
+                       bytes_moved=nbytes, items=n, item_name="points")
         summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name,
                                     {k: timings[k] for k in ["xla", "pallas", *variants]},
                                     nbytes, n, "points", errors, labels))

@@ -228,6 +228,16 @@ class TestPiecewiseTritonKernel:
         expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
 
+    @pytest.mark.parametrize("chunks, uniform", [(1, False), (4, True)])
+    def test_shared_tables_several_blocks_per_program(self, chunks, uniform):
+        # 90 points in blocks of 16: 6 blocks; chunks=4 gives a second program whose
+        # last two blocks lie wholly past the end
+        bp, c, x = _ppoly_case(40, 3, uniform, size=90, seed=8)
+        got = self.run(bp, c, jnp.asarray(x), np.float64, "extend", uniform, block_n=16,
+                       tables="shared", chunks=chunks)
+        expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
     def test_trailing_axes_share_one_search(self):
         bp, c, x = _ppoly_case(5, 2, False, trailing=(2, 3), seed=3)
         got = self.run(bp, c, jnp.asarray(x), np.float64, "clamp", False, block_n=16)

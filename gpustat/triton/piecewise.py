@@ -45,6 +45,9 @@ __all__ = ["COMPILE_CASES", "ppoly_eval_triton", "uniform_rows"]
 _BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
 # Largest P the shared-memory kernel stages (see staging_supported).
 _STAGED_MAX_PIECES = 1024
+# Points per block and blocks per program of the shared-memory kernel.
+_STAGED_BLOCK_N = {jnp.dtype(jnp.float32): 1024, jnp.dtype(jnp.float64): 512}
+_CHUNKS = 8
 # extrapolate mode -> the kernel's MODE constexpr
 _MODE_CODE = {"extend": 0, "nan": 1, "clamp": 2, "periodic": 3}
 
@@ -139,24 +142,39 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
 
 
 @triton.jit
-def _staged_column(rows_ptr, table, k: tl.constexpr, index, NUM_PIECES: tl.constexpr,
-                   WIDTH: tl.constexpr, PAIRED: tl.constexpr):
-    """Coefficient k of each point's piece, gathered from a shared-memory copy of column k.
+def _staged_columns(rows_ptr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
+                    WIDTH: tl.constexpr, TABLE: tl.constexpr, PAIRED: tl.constexpr):
+    """The coefficient columns as register tensors of TABLE entries (a tuple).
 
     Paired (float32): columns 2j and 2j+1 travel as one 64-bit word (little-endian:
     column 2j in the low half), so a point costs one 8-byte shared load per two
     coefficients.
     """
+    table = tl.arange(0, TABLE)
+    columns = ()
     if PAIRED:
         words = rows_ptr.to(tl.pointer_type(tl.uint64))
-        column = tl.load(words + table * (WIDTH // 2) + k // 2, mask=table < NUM_PIECES, other=0)
-        word = tl.gather(column, index, 0)
+        for j in tl.static_range((DEGREE + 2) // 2):
+            # Triton's frontend has no starred tuples: concatenate
+            columns = columns + (tl.load(words + table * (WIDTH // 2) + j,  # noqa: RUF005
+                                         mask=table < NUM_PIECES, other=0),)
+    else:
+        for k in tl.static_range(DEGREE + 1):
+            columns = columns + (tl.load(rows_ptr + table * WIDTH + k,  # noqa: RUF005
+                                         mask=table < NUM_PIECES, other=0),)
+    return columns
+
+
+@triton.jit
+def _staged_coefficient(columns, k: tl.constexpr, index, PAIRED: tl.constexpr):
+    """Coefficient k of each point's piece, gathered through shared memory."""
+    if PAIRED:
+        word = tl.gather(columns[k // 2], index, 0)
         if k % 2 == 1:
             word = word >> 32
         c = word.to(tl.uint32).to(tl.float32, bitcast=True)
     else:
-        column = tl.load(rows_ptr + table * WIDTH + k, mask=table < NUM_PIECES, other=0)
-        c = tl.gather(column, index, 0)
+        c = tl.gather(columns[k], index, 0)
     return c
 
 
@@ -166,49 +184,60 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
                               DEGREE: tl.constexpr, WIDTH: tl.constexpr, LEVELS: tl.constexpr,
                               UNIFORM: tl.constexpr, MODE: tl.constexpr,
                               INDEX_64: tl.constexpr, TABLE: tl.constexpr,
-                              KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Each table column and the keys are read once per program into registers and
-    # gathered through shared memory (tl.gather): a warp's random lookups then cost
-    # a few bank conflicts instead of one L1 wavefront per distinct 128-byte line.
-    offsets = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if INDEX_64:
-        offsets = offsets.to(tl.int64)
-    in_range = offsets < SIZE
+                              KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr,
+                              CHUNKS: tl.constexpr):
+    # A program reads the keys and each coefficient column once into registers,
+    # then walks CHUNKS blocks of BLOCK_N points; every lookup is a tl.gather
+    # through shared memory (a warp's random lookups cost a few bank conflicts
+    # instead of one L1 wavefront per distinct 128-byte line). The next block's x
+    # is loaded before this block's search and Horner, so HBM reads stay in flight.
     dtype = keys_ptr.dtype.element_ty
-    x = tl.load(x_ptr + offsets, mask=in_range, other=0, eviction_policy="evict_first")
     lo = tl.load(params_ptr)
     hi = tl.load(params_ptr + 1)
-    x = _fold(x.to(dtype), lo, hi, MODE)
+    scale = tl.load(params_ptr + 2)
     slots = tl.arange(0, KEYS)
     if UNIFORM:  # keys: the P+1 sorted breakpoints
         keys = tl.load(keys_ptr + slots, mask=slots <= NUM_PIECES, other=float("inf"))
-        t = tl.floor((x - lo) * tl.load(params_ptr + 2))
-        t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
-        guess = t.to(tl.int32)
-        up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
-        down = (guess > 0) & (x < tl.gather(keys, guess, 0))
-        index = guess + up.to(tl.int32) - down.to(tl.int32)
-        knot = tl.gather(keys, index, 0)
     else:  # keys: the Eytzinger tree of the interior breakpoints
         keys = tl.load(keys_ptr + slots)
-        node = tl.full([BLOCK_N], 1, tl.int32)
-        knot = tl.full([BLOCK_N], 0, dtype) + lo
-        for _ in tl.static_range(LEVELS):
-            key = tl.gather(keys, node, 0)
-            go_right = key <= x
-            knot = tl.where(go_right, key, knot)
-            node = 2 * node + go_right.to(tl.int32)
-        index = node - (1 << LEVELS)
+    columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
 
-    u = x - knot
-    table = tl.arange(0, TABLE)
-    y = _staged_column(rows_ptr, table, 0, index, NUM_PIECES, WIDTH, PAIRED).to(dtype)
-    for k in tl.static_range(1, DEGREE + 1):
-        c = _staged_column(rows_ptr, table, k, index, NUM_PIECES, WIDTH, PAIRED).to(dtype)
-        y = _horner_step(y, c, u)
-    y = _finish(y, u, x, lo, hi, MODE)
-    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=in_range,
-             eviction_policy="evict_first")
+    lanes = tl.arange(0, BLOCK_N)
+    start = tl.program_id(0) * (BLOCK_N * CHUNKS)
+    if INDEX_64:  # n >= 2^31: point offsets need 64 bits
+        start = start.to(tl.int64)
+    x_next = tl.load(x_ptr + start + lanes, mask=start + lanes < SIZE, other=0,
+                     eviction_policy="evict_first")
+    for j in range(CHUNKS):
+        offsets = start + j * BLOCK_N + lanes
+        x = _fold(x_next.to(dtype), lo, hi, MODE)
+        following = offsets + BLOCK_N
+        x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
+                         other=0, eviction_policy="evict_first")
+        if UNIFORM:
+            t = tl.floor((x - lo) * scale)
+            t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
+            guess = t.to(tl.int32)
+            up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
+            down = (guess > 0) & (x < tl.gather(keys, guess, 0))
+            index = guess + up.to(tl.int32) - down.to(tl.int32)
+            knot = tl.gather(keys, index, 0)
+        else:
+            node = tl.full([BLOCK_N], 1, tl.int32)
+            knot = tl.full([BLOCK_N], 0, dtype) + lo
+            for _ in tl.static_range(LEVELS):
+                key = tl.gather(keys, node, 0)
+                go_right = key <= x
+                knot = tl.where(go_right, key, knot)
+                node = 2 * node + go_right.to(tl.int32)
+            index = node - (1 << LEVELS)
+        u = x - knot
+        y = _staged_coefficient(columns, 0, index, PAIRED).to(dtype)
+        for k in tl.static_range(1, DEGREE + 1):
+            y = _horner_step(y, _staged_coefficient(columns, k, index, PAIRED).to(dtype), u)
+        y = _finish(y, u, x, lo, hi, MODE)
+        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=offsets < SIZE,
+                 eviction_policy="evict_first")
 
 
 def _search_levels(num_pieces: int) -> int:
@@ -238,19 +267,22 @@ def staging_supported(rows_shape, num_pieces: int) -> bool:
 
 
 def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
-              extrapolate: str, uniform: bool, block_n: int | None, staged: bool) -> dict:
+              extrapolate: str, uniform: bool, block_n: int | None, staged: bool,
+              chunks: int | None = None) -> dict:
     """The constexprs of one call of the shared-memory (``staged``) or the cached-table kernel."""
     num_polys = 1
     for s in rows_shape[:-2]:
         num_polys *= s
-    block = min(block_n or _BLOCK_N[jnp.dtype(table_dtype)], next_pow2(size))
+    defaults = _STAGED_BLOCK_N if staged else _BLOCK_N
+    block = min(block_n or defaults[jnp.dtype(table_dtype)], next_pow2(size))
+    chunks = max(1, min(chunks or _CHUNKS, triton.cdiv(size, block))) if staged else 1
     levels = _search_levels(num_pieces)
     settings = dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
                     LEVELS=levels, UNIFORM=uniform, MODE=_MODE_CODE[extrapolate],
-                    INDEX_64=size * num_polys + block >= 2**31, BLOCK_N=block)
+                    INDEX_64=size * num_polys + block * (chunks + 1) >= 2**31, BLOCK_N=block)
     if staged:
         paired = jnp.dtype(table_dtype) == jnp.float32 and rows_shape[-1] >= 2
-        settings.update(TABLE=next_pow2(num_pieces), PAIRED=paired,
+        settings.update(TABLE=next_pow2(num_pieces), PAIRED=paired, CHUNKS=chunks,
                         KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels)
     else:
         settings.update(NUM_POLYS=num_polys)
@@ -264,7 +296,8 @@ def _batched_launcher(config: tuple):
     Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
     flattened points; batched tables (rare) launch once per batch element.
     """
-    extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables = config
+    (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
+     chunks) = config
 
     @jax.custom_batching.custom_vmap
     def evaluate(keys, rows, params, x):
@@ -278,11 +311,12 @@ def _batched_launcher(config: tuple):
             rows = uniform_rows(keys, rows, degree)
         settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
                              degree=degree, extrapolate=extrapolate, uniform=uniform,
-                             block_n=block_n, staged=staged)
+                             block_n=block_n, staged=staged, chunks=chunks)
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
+        per_program = settings["BLOCK_N"] * settings.get("CHUNKS", 1)
         y = launch(kernel, (x, keys, rows, params),
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
-                   (triton.cdiv(size, settings["BLOCK_N"]),), num_warps=num_warps,
+                   (triton.cdiv(size, per_program),), num_warps=num_warps,
                    interpret=interpret, **settings)
         return y.reshape((size, *trailing))
 
@@ -301,11 +335,13 @@ def _batched_launcher(config: tuple):
 
 
 @functools.partial(jax.jit, static_argnames=("num_pieces", "degree", "extrapolate", "uniform",
-                                             "interpret", "block_n", "num_warps", "tables"))
+                                             "interpret", "block_n", "num_warps", "tables",
+                                             "chunks"))
 def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4, tables: str | None = None) -> jax.Array:
+                      num_warps: int = 4, tables: str | None = None,
+                      chunks: int | None = None) -> jax.Array:
     """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
 
     Args:
@@ -321,6 +357,8 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         tables: "shared" (keys and coefficients staged in shared memory, gathered
             with ``tl.gather``; one polynomial, P <= 1024), "cache" (gathered from
             global memory through L1) or None (shared where supported).
+        chunks: blocks of ``block_n`` points per program of the shared-memory
+            kernel (tables read once per program, next block's x prefetched).
 
     Returns:
         (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not
@@ -335,7 +373,8 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
     if tables == "shared" and not staging_supported(rows.shape, num_pieces):
         raise ValueError(f"tables='shared' needs one polynomial and P <= {_STAGED_MAX_PIECES}, "
                          f"got {rows.shape=}")
-    config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables)
+    config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
+              chunks)
     return _batched_launcher(config)(keys, rows, params, x)
 
 
