@@ -2,20 +2,26 @@
 
 Cases (all float32, same process, same device):
 
-* correctness first: per-point log-likelihood of the kernels vs float64 on 65,536 rows;
-* ``em_iteration``: fused kernels (suff_stats + m_step) at "highest" (IEEE fp32) and
-  "tf32x3", a few block settings; baseline ``xla_quadratic_gemm``: the plain-XLA
-  quadratic-feature formulation (Phi = [x_a x_b (a <= b), x, 1], logits = Phi W, softmax,
-  R^T Phi), HIGHEST precision;
+* correctness first: per-point log-likelihood vs float64 on 65,536 rows for the kernels,
+  XLA's chunked reference (what ``backend="auto"`` runs off-kernel) and the quadratic GEMM;
+* ``em_iteration``: fused kernels (suff_stats + m_step) at "tf32x3" and "highest" (IEEE
+  fp32), a few block settings; the XLA reference's iteration; baseline
+  ``xla_quadratic_gemm``: the plain-XLA quadratic-feature formulation (Phi = [x_a x_b
+  (a <= b), x, 1], logits = Phi W, softmax, R^T Phi), HIGHEST precision;
+* ``em_pieces``: the best kernel setting's density pass (log p(x)) and statistics pass
+  (given log p(x)) timed apart;
 * ``sklearn_iteration``: scikit-learn's E-step + M-step on the host CPUs at n = 1e5,
   extrapolated linearly to n = 1e6 (said in the record);
-* ``gibbs_sweep``: kernels (fused label draw + label statistics) vs the plain-XLA sweep
+* ``gibbs_sweep``: the fused label-draw + label-statistics kernel vs the plain-XLA sweep
   (Phi W, inverse-CDF on the n x k matrix, one-hot R^T Phi), same NIW/stick draws;
 * ``fit_1e8``: n = 1e8 rows fitted on one GPU (two EM iterations), peak memory recorded.
 
-Predictions (H100, 67 TFLOP/s fp32 FMA, ~3 TB/s): one EM iteration of the kernels does
-about 4.2e11 FLOP (log-normaliser pass, logits recomputed in the statistics pass, and the
-P^2 = 256-column statistics GEMM); the XLA formulation 1.6e11 FLOP plus ~5 GB of traffic.
+FLOP per EM iteration of the kernels (p = P = 16, k = 256): the whitened density is
+2 n k p P = 1.3e11 and runs twice (log p(x) pass, recomputed in the statistics pass), the
+statistics products 2 n k P (p + 1) = 1.4e11: 4.0e11 in all. Prediction on an H100: at
+"tf32x3" (three TF32 tensor-core products, ~165 TFLOP/s effective at peak) ~2.5 ms of
+products, ~5 ms with the elementwise squares and exps; at "highest" (fp32 FMA, 51 TFLOP/s
+peak) >= 8 ms. The XLA baseline does 1.6e11 FLOP plus ~4 GB of n x k traffic.
 """
 
 from __future__ import annotations
@@ -71,13 +77,13 @@ def quadratic_features(X):
 
 
 def quadratic_weights(params: MixtureParams):
-    """W (F, k): Phi(x) W = log w_j + log N(x | mu_j, Sigma_j)."""
+    """W (F, k): Phi(x) W = log w_j + log N(x | mu_j, Sigma_j) (exact float32 products)."""
     p = params.means.shape[1]
     chol = params.precisions_cholesky
-    prec = chol @ jnp.swapaxes(chol, 1, 2)
+    prec = jnp.matmul(chol, jnp.swapaxes(chol, 1, 2), precision=HIGHEST)
     a, b = np.triu_indices(p)
     quad = -0.5 * prec[:, a, b] * np.where(a == b, 1.0, 2.0)
-    lin = jnp.einsum("kab,kb->ka", prec, params.means)
+    lin = jnp.einsum("kab,kb->ka", prec, params.means, precision=HIGHEST)
     logdet = jnp.sum(jnp.log(jnp.diagonal(chol, axis1=1, axis2=2)), axis=1)
     const = (jnp.log(params.weights) + logdet - 0.5 * p * np.log(2 * np.pi)
              - 0.5 * jnp.sum(lin * params.means, axis=1))
@@ -130,83 +136,136 @@ def xla_gibbs_sweep(key, X, state, prior, sticks):
 
 def kernel_gibbs_sweep(key, X, state, prior, sticks, **kw):
     k_z, k_rest = jax.random.split(key)
-    labels = kernels.sample_labels(k_z, X, state.params, interpret=INTERPRET, **kw)
-    stats = kernels.suff_stats_from_labels(X, labels, state.params.n_components,
-                                           interpret=INTERPRET, **kw)
+    _, _, stats = kernels.sample_labels_with_stats(k_z, X, state.params, interpret=INTERPRET,
+                                                   **kw)
     return _niw_and_sticks(k_rest, stats, state, prior, sticks)
+
+
+def reference_em_iteration(X, params):
+    stats = ref.suff_stats(X, params)
+    return m_step(stats, reg_covar=1e-6), stats.loglik
 
 
 # ------------------------------------------------------------------ cases
 
+TF32X3_CONFIGS = [dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=64),
+                  dict(block_n=64, block_k=64, num_warps=4, tiles_per_program=64),
+                  dict(block_n=128, block_k=32, num_warps=8, tiles_per_program=32),
+                  dict(block_n=128, block_k=64, num_warps=8, tiles_per_program=32),
+                  dict(block_n=64, block_k=32, num_warps=8, tiles_per_program=64)]
+HIGHEST_CONFIGS = [TF32X3_CONFIGS[0], TF32X3_CONFIGS[2]]
+
+
+def kernel_flop(n, p, k):
+    """Whitened density twice (2 n k p P each) + statistics products 2 n k P (p + 1)."""
+    P = kernels.padded_features(p)
+    return 2 * (2 * n * k * p * P) + 2 * n * k * P * (p + 1)
+
+
+def guarded(rec, case, shape, extra, fn):
+    """Run one case; a failure (compile or check) is recorded and printed, not raised."""
+    try:
+        return fn()
+    except Exception as err:  # one failing setting must not lose the others
+        message = f"{type(err).__name__}: {err}"[:400]
+        print(f"FAILED {case} {extra}: {message}", flush=True)
+        rec.record(case, shape=shape, dtype="float32", backend="pallas", timing=None,
+                   extra={**extra, "error": message})
+        return None
+
+
 def check_precision_vs_float64(rec, X, params, settings):
-    """Per-point log-likelihood of the float32 kernels vs float64, on 65,536 rows."""
+    """Per-point log-likelihood of the float32 paths vs float64, on 65,536 rows."""
     rows = X[:65536]
     exact = ref.log_prob(rows.astype(jnp.float64),
                          jax.tree.map(lambda a: a.astype(jnp.float64), params))
+
+    def record(case, backend, got, **extra):
+        err = jnp.abs(got.astype(jnp.float64) - exact)
+        rec.record(case, shape=rows.shape, dtype="float32", backend=backend, timing=None,
+                   extra={"max_abs_error_vs_float64": float(jnp.max(err)),
+                          "median_abs_error_vs_float64": float(jnp.median(err)),
+                          "passes_1e-3": bool(jnp.max(err) <= 1e-3), **extra})
+        return float(jnp.max(err))
+
     errors = {}
-    for precision in ("highest", "tf32x3"):
-        if INTERPRET and precision == "tf32x3":
-            continue  # XLA:CPU has no TF32 dot algorithm
-        got = kernels.log_prob(rows, params, precision=precision, interpret=INTERPRET,
-                               **settings)
-        err = float(jnp.max(jnp.abs(got.astype(jnp.float64) - exact)))
-        errors[precision] = err
-        rec.record(f"loglik_error_{precision}", shape=rows.shape, dtype="float32",
-                   backend="pallas", timing=None,
-                   extra={"max_abs_error_vs_float64": err,
-                          "median_abs_error_vs_float64": float(jnp.median(jnp.abs(
-                              got.astype(jnp.float64) - exact))),
-                          "passes_1e-3": err < 1e-3})
+    for precision in ("highest",) if INTERPRET else ("highest", "tf32x3"):
+        errors[precision] = guarded(rec, f"loglik_error_{precision}", rows.shape, settings,
+                                    lambda precision=precision: record(
+                                        f"loglik_error_{precision}", "pallas",
+                                        kernels.log_prob(rows, params, precision=precision,
+                                                         interpret=INTERPRET, **settings)))
+    errors["xla_reference"] = record("loglik_error_xla_reference", "xla_reference",
+                                     jax.jit(ref.log_prob)(rows, params))
     xla_lse = jax.nn.logsumexp(jnp.dot(quadratic_features(rows), quadratic_weights(params),
                                        precision=HIGHEST), axis=1)
-    rec.record("loglik_error_xla_highest", shape=rows.shape, dtype="float32", backend="xla",
-               timing=None, extra={"max_abs_error_vs_float64": float(jnp.max(jnp.abs(
-                   xla_lse.astype(jnp.float64) - exact)))})
+    errors["xla_quadratic_gemm"] = record("loglik_error_xla_highest", "xla", xla_lse)
     return errors
 
 
 def bench_em(rec, X, params, quick):
     n, p = X.shape
-    flops_kernel = 2 * n * K * (3 * (P * P + P))
+    shape = (n, p, K)
+    flop = kernel_flop(n, p, K)
     xla_step = jax.jit(xla_em_iteration)
     xla_t = time_fn(xla_step, [(X, params)])
-    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="xla_quadratic_gemm",
+    rec.record("em_iteration", shape=shape, dtype="float32", backend="xla_quadratic_gemm",
                timing=xla_t, items=n, item_name="rows",
                extra={"precision": "highest", "flop": 2 * n * K * 2 * 153})
-    xla_tf32 = time_fn(jax.jit(functools.partial(xla_em_iteration,
-                                                 precision=jax.lax.Precision.DEFAULT)),
-                       [(X, params)])
-    rec.record("em_iteration", shape=(n, p, K), dtype="float32",
-               backend="xla_quadratic_gemm_tf32", timing=xla_tf32, items=n, item_name="rows",
-               extra={"precision": "default (TF32), for reference only"})
-    configs = [dict(block_n=64, block_k=32, num_warps=4), dict(block_n=64, block_k=64,
-                                                               num_warps=4),
-               dict(block_n=128, block_k=32, num_warps=8), dict(block_n=32, block_k=64,
-                                                                num_warps=4)]
-    if quick:
-        configs = configs[:3]
-    best = {}
+    print(f"xla_quadratic_gemm {xla_t.median_ms:.2f} ms", flush=True)
     want = xla_step(X, params)[1]
-    for precision in ("highest",) if INTERPRET else ("highest", "tf32x3"):
-        for cfg in configs:
-            step = jax.jit(functools.partial(kernel_em_iteration, precision=precision, **cfg))
-            try:
-                loglik = step(X, params)[1]
-                check_close(f"loglik {precision} {cfg}", loglik, want, rtol=1e-4)
-                t = time_fn(step, [(X, params)])
-            except Exception as err:  # a block setting the compiler rejects is recorded
-                rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="pallas",
-                           timing=None, extra={"precision": precision, **cfg,
-                                               "error": f"{type(err).__name__}: {err}"[:300]})
-                continue
-            rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="pallas",
-                       timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
-                       extra={"precision": precision, **cfg,
-                              "speedup_vs_xla": xla_t.median_ms / t.median_ms,
-                              "tflops": flops_kernel / (t.median_ms * 1e-3) / 1e12})
-            if precision not in best or t.median_ms < best[precision][0].median_ms:
-                best[precision] = (t, cfg)
+    best = {}
+
+    def one(precision, cfg):
+        step = jax.jit(functools.partial(kernel_em_iteration, precision=precision, **cfg))
+        check_close(f"loglik {precision} {cfg}", step(X, params)[1], want, rtol=1e-4)
+        t = time_fn(step, [(X, params)])
+        rec.record("em_iteration", shape=shape, dtype="float32", backend="pallas", timing=t,
+                   items=n, item_name="rows", baseline="xla_quadratic_gemm",
+                   extra={"precision": precision, **cfg,
+                          "speedup_vs_xla": xla_t.median_ms / t.median_ms, "flop": flop,
+                          "tflops": flop / (t.median_ms * 1e-3) / 1e12})
+        if precision not in best or t.median_ms < best[precision][0].median_ms:
+            best[precision] = (t, cfg)
+
+    plan = [("tf32x3", cfg) for cfg in TF32X3_CONFIGS] + [("highest", cfg)
+                                                           for cfg in HIGHEST_CONFIGS]
+    if INTERPRET:
+        plan = [("highest", TF32X3_CONFIGS[0])]
+    elif quick:
+        plan = plan[:4] + plan[5:]
+    for precision, cfg in plan:
+        guarded(rec, "em_iteration", shape, {"precision": precision, **cfg},
+                lambda precision=precision, cfg=cfg: one(precision, cfg))
     return xla_t, best
+
+
+def bench_reference_em(rec, X, params, xla_t):
+    n, p = X.shape
+    t = time_fn(jax.jit(reference_em_iteration), [(X, params)])
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="xla_reference",
+               timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
+               extra={"precision": "highest", "note": "what backend='auto' runs off-kernel",
+                      "speedup_vs_xla": xla_t.median_ms / t.median_ms})
+    return t
+
+
+def bench_pieces(rec, X, params, precision, cfg):
+    """The density pass and the statistics pass of the best setting, timed apart."""
+    n, p = X.shape
+    P = kernels.padded_features(p)
+    kw = dict(precision=precision, interpret=INTERPRET, **cfg)
+    density = jax.jit(lambda X: kernels.log_prob(X, params, **kw))
+    lse = density(X)
+    stats = jax.jit(lambda X, lse: kernels.responsibility_stats(X, params, lse, **kw))
+    for piece, fn, args, flop in (
+            ("density", density, (X,), 2 * n * K * p * P),
+            ("statistics", stats, (X, lse), 2 * n * K * p * P + 2 * n * K * P * (p + 1))):
+        t = time_fn(fn, [args])
+        rec.record("em_pieces", shape=(n, p, K), dtype="float32", backend="pallas", timing=t,
+                   items=n, item_name="rows",
+                   extra={"piece": piece, "precision": precision, **cfg, "flop": flop,
+                          "tflops": flop / (t.median_ms * 1e-3) / 1e12})
 
 
 def bench_sklearn(rec, X, params, kernel_ms):
@@ -246,24 +305,28 @@ def bench_gibbs(rec, X, params, settings):
     xla_t = time_fn(xla, keys)
     rec.record("gibbs_sweep", shape=(n, p, K), dtype="float32", backend="xla_quadratic_gemm",
                timing=xla_t, items=n, item_name="rows", extra={"precision": "highest"})
-    for precision, cfg in settings.items():
-        fn = jax.jit(lambda key, precision=precision, cfg=cfg: kernel_gibbs_sweep(
-            key, X, state, prior, sticks, precision=precision, **cfg))
+
+    def one(precision, cfg):
+        fn = jax.jit(lambda key: kernel_gibbs_sweep(key, X, state, prior, sticks,
+                                                    precision=precision, **cfg))
         t = time_fn(fn, keys)
         rec.record("gibbs_sweep", shape=(n, p, K), dtype="float32", backend="pallas",
                    timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
                    extra={"precision": precision, **cfg,
                           "speedup_vs_xla": xla_t.median_ms / t.median_ms})
 
+    for precision, cfg in settings.items():
+        guarded(rec, "gibbs_sweep", (n, p, K), {"precision": precision, **cfg},
+                lambda precision=precision, cfg=cfg: one(precision, cfg))
 
-def bench_fit_1e8(rec, settings):
+
+def bench_fit_1e8(rec, precision, cfg):
     from gpustat.mixture_fit import fit_em
 
     n = N_HUGE
     X, params = make_problem(n, P, K)  # same means/covariances as the 1e6 problem
     jax.block_until_ready(X)
-    precision = "highest" if INTERPRET else "tf32x3"
-    del settings  # fit_em runs the kernels' default blocks
+    # fit_em runs the kernels' default blocks
     fit = jax.jit(functools.partial(fit_em, tol=0.0, max_iter=2,
                                     backend="interpret" if INTERPRET else "pallas",
                                     precision=precision))
@@ -273,25 +336,43 @@ def bench_fit_1e8(rec, settings):
     stats = jax.devices()[0].memory_stats() or {}
     rec.record("fit_1e8", shape=(n, P, K), dtype="float32", backend="pallas", timing=None,
                extra={"precision": precision, "iterations": int(result.n_iter),
-                      "status": int(result.status),
+                      "status": int(result.status), "default_blocks": cfg,
                       "lower_bound": float(result.lower_bound),
                       "wall_s_including_compile": seconds,
                       "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
                       "data_bytes": n * P * 4})
 
 
-def run(quick: bool, out=None) -> None:
-    rec = Recorder("mixture", out)
-    rec.measure_copy()
+def bench_at_1e6(rec, quick):
+    """Every n = 1e6 case; returns the best kernel setting per precision."""
     X, params = make_problem(N, P, K)
     errors = check_precision_vs_float64(rec, X, params, dict(block_n=64, block_k=32))
     print("per-point log-likelihood max |error| vs float64:", errors, flush=True)
     xla_t, best = bench_em(rec, X, params, quick)
-    kernel_ms = min(t.median_ms for t, _ in best.values()) if best else xla_t.median_ms
-    bench_sklearn(rec, X, params, kernel_ms)
+    for precision, (t, cfg) in best.items():
+        print(f"best {precision}: {t.median_ms:.2f} ms {cfg} "
+              f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    if best:
+        precision = "tf32x3" if "tf32x3" in best else "highest"
+        guarded(rec, "em_pieces", (N, P, K), {"precision": precision},
+                lambda: bench_pieces(rec, X, params, precision, best[precision][1]))
+    guarded(rec, "em_iteration", (N, P, K), {"backend": "xla_reference"},
+            lambda: bench_reference_em(rec, X, params, xla_t))
     bench_gibbs(rec, X, params, {prec: cfg for prec, (_, cfg) in best.items()})
-    del X
-    bench_fit_1e8(rec, best)
+    kernel_ms = min(t.median_ms for t, _ in best.values()) if best else xla_t.median_ms
+    guarded(rec, "sklearn_iteration", (N, P, K), {},
+            lambda: bench_sklearn(rec, X, params, kernel_ms))
+    return best
+
+
+def run(quick: bool, out=None) -> None:
+    rec = Recorder("mixture", out)
+    rec.measure_copy()
+    best = bench_at_1e6(rec, quick)
+    if best:
+        precision = "tf32x3" if "tf32x3" in best else "highest"
+        guarded(rec, "fit_1e8", (N_HUGE, P, K), {"precision": precision},
+                lambda: bench_fit_1e8(rec, precision, kernels.DEFAULT_BLOCKS))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 One sweep (Ishwaran and James 2001; Suchard et al. 2010, section 2.2):
 
 1. z_i ~ Categorical(r_i.): fused densities + inverse-CDF draw, one uniform per row
-   (:func:`gpustat.mixture.sample_labels`);
-2. (N_j, sum x, sum x x^T) of the labels (:func:`gpustat.mixture.suff_stats_from_labels`);
+   (:func:`gpustat.mixture.sample_labels`), and
+2. (N_j, sum x, sum x x^T) of the labels (:func:`gpustat.mixture.suff_stats_from_labels`),
+   both in the same kernel pass on the kernel backends;
 3. Sigma_j^-1 ~ Wishart(nu_n, Phi_n^-1) (Bartlett decomposition), mu_j | Sigma_j ~
    N(m_n, Sigma_j / kappa_n) (:func:`sample_niw_posterior`);
 4. V_j ~ Beta(1 + N_j, alpha + sum_{l>j} N_l), V_m = 1, w = stick weights;
@@ -131,11 +132,8 @@ def gibbs_sweep(key, X, state: GibbsState, *, component_prior: NIWPrior,
                 path: str = "reference", precision: str = "highest"):
     """One blocked-Gibbs sweep on (centred) X; returns (new state, loglik, counts)."""
     k_z, k_niw, k_v = jax.random.split(key, 3)
-    m = state.params.n_components
-    labels, lp = mixture_ops.dispatch_sample_labels(k_z, X, state.params, path=path,
-                                                    precision=precision, return_log_prob=True)
-    stats = mixture_ops.dispatch_suff_stats_from_labels(X, labels, m, None, path=path,
-                                                        precision=precision)
+    _, lp, stats = mixture_ops.dispatch_sample_labels_with_stats(k_z, X, state.params, path=path,
+                                                                 precision=precision)
     drawn = sample_niw_posterior(k_niw, component_prior, stats)
     v, weights, alpha = sample_sticks(k_v, stats.counts, weight_prior, state.alpha,
                                       sample_alpha=sample_alpha)

@@ -220,6 +220,20 @@ def dispatch_sample_labels(key, X, params, *, path: str, precision: str,
                                   **_kernel_kwargs(path, precision))
 
 
+def dispatch_sample_labels_with_stats(key, X, params, *, path: str, precision: str):
+    """Labels, log p(x) and the labels' :class:`SuffStats` in one pass on kernel paths.
+
+    The kernel draws each row's label inside the component block where its uniform
+    lands and accumulates that block's one-hot statistics in the same program; the
+    reference draws, then counts. Same labels as :func:`sample_labels` from the same key.
+    """
+    if path == "reference":
+        labels, lp = _reference.sample_labels(key, X, params, return_log_prob=True)
+        stats = _reference.suff_stats_from_labels(X, labels, params.n_components)
+        return labels, lp, stats
+    return _kernels.sample_labels_with_stats(key, X, params, **_kernel_kwargs(path, precision))
+
+
 def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_components: int,
                            sample_weight: Float[Array, " n"] | None = None, *,
                            backend: str = "auto", precision: str = "highest") -> SuffStats:
