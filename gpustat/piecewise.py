@@ -310,9 +310,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
         nu: derivative order >= 0 (use ``pp.antiderivative`` for integrals).
         backend: "auto" (Pallas kernel on a CUDA GPU, except for uniform
             breakpoints and x.size <= 2^21, where XLA's fusion of the reference
-            measured faster; the jax-triton kernel where ``gpustat.triton.AUTO_WINNERS``
-            says it is faster; the reference elsewhere), "pallas", "triton",
-            "interpret" or "reference".
+            measured faster; for one polynomial (no trailing axes) the jax-triton
+            kernel where ``gpustat.triton.AUTO_WINNERS`` says it is faster; the
+            reference elsewhere), "pallas", "triton", "interpret" or "reference".
 
     Returns:
         (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
@@ -336,7 +336,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(cdt)
     path = resolve_backend(backend, op="ppoly_eval", has_triton=True)
-    path = auto_path(path, backend, "piecewise", piecewise_shape_class(pp.uniform, x.dtype, x.size))
+    if pp.coeffs.ndim == 2:  # the Triton sweeps measured single polynomials only
+        shape_class = piecewise_shape_class(pp.uniform, x.dtype, x.size)
+        path = auto_path(path, backend, "piecewise", shape_class)
     if backend == "auto" and path == "pallas" and pp.uniform and x.size <= _XLA_UNIFORM_MAX_N:
         path = "reference"
     if _is_concrete(pp.breakpoints, pp.coeffs):

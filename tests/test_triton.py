@@ -137,6 +137,23 @@ def test_auto_takes_the_benchmark_winner_only_for_auto_on_pallas(monkeypatch):
     assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "pallas"
 
 
+def test_auto_takes_triton_only_for_one_polynomial(monkeypatch):
+    import gpustat._backend as backend_module
+    import gpustat.piecewise as public
+
+    monkeypatch.setattr(backend_module, "cuda_gpu_available", lambda: True)
+    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
+    paths = []
+    monkeypatch.setattr(public, "_evaluate_jit",
+                        lambda *args: paths.append(args[-1][-1]) or jnp.zeros(()))
+    bp = jnp.linspace(-1.0, 2.0, 9) ** 3  # not uniform: the searched class
+    x = jnp.zeros(1 << 23, jnp.float32)  # streaming
+    ppoly_eval(PiecewisePolynomial(bp, jnp.ones((4, 8))), x)
+    ppoly_eval(PiecewisePolynomial(bp, jnp.ones((4, 8, 2))), x)  # trailing axis
+    ppoly_eval(PiecewisePolynomial(bp, jnp.ones((4, 8))), x, backend="pallas")
+    assert paths == ["triton", "pallas", "pallas"]
+
+
 def test_auto_winners_name_known_paths_and_classes():
     for (capability, shape_class), winner in gtriton.AUTO_WINNERS.items():
         assert capability in ("piecewise", "factorization") and winner == "triton"

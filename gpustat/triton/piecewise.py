@@ -37,17 +37,27 @@ import triton.language as tl
 
 from gpustat.pallas._common import next_pow2
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES
+from gpustat.triton import _STREAMING_POINTS
 from gpustat.triton._common import CompileCase, launch
 
-__all__ = ["COMPILE_CASES", "ppoly_eval_triton", "uniform_rows"]
+__all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton", "staging_supported",
+           "uniform_rows"]
 
-# Points per program: 16 per thread at 4 warps in float32, 8 in float64.
-_BLOCK_N = {jnp.dtype(jnp.float32): 2048, jnp.dtype(jnp.float64): 1024}
+# Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points).
+# Shared-memory kernel: the fastest settings of the H100 sweeps in
+# benchmarks/results/nvidia-h100-80gb-hbm3/triton.jsonl (commits 1c0063c and 0eca8aa;
+# P = 256, D = 3); run-to-run spread there was 10-20%.
+_STAGED_LAUNCH = {
+    (4, True): (2048, 4, 1),  # 2^26 points: 0.411 ms searched, 0.408 ms uniform
+    (4, False): (2048, 8, 8),  # 2e6 points searched: 0.0386 ms
+    (8, True): (1024, 8, 8),  # 2^26 points: 0.668 ms searched, 0.606 ms uniform
+    (8, False): (1024, 8, 8),
+}
+# Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
+# float64, 4 warps (the H200 sweep of commit 7c9e2bc).
+_CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
 # Largest P the shared-memory kernel stages (see staging_supported).
 _STAGED_MAX_PIECES = 1024
-# Points per block and blocks per program of the shared-memory kernel.
-_STAGED_BLOCK_N = {jnp.dtype(jnp.float32): 1024, jnp.dtype(jnp.float64): 512}
-_CHUNKS = 8
 # extrapolate mode -> the kernel's MODE constexpr
 _MODE_CODE = {"extend": 0, "nan": 1, "clamp": 2, "periodic": 3}
 
@@ -266,6 +276,14 @@ def staging_supported(rows_shape, num_pieces: int) -> bool:
     return len(rows_shape) == 2 and num_pieces <= _STAGED_MAX_PIECES
 
 
+def default_launch(table_dtype, size: int, staged: bool) -> tuple[int, int, int]:
+    """(block_n, num_warps, chunks) used where the caller gives none."""
+    itemsize = jnp.dtype(table_dtype).itemsize
+    if staged:
+        return _STAGED_LAUNCH[(itemsize, size > _STREAMING_POINTS)]
+    return _CACHE_LAUNCH[itemsize]
+
+
 def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
               extrapolate: str, uniform: bool, block_n: int | None, staged: bool,
               chunks: int | None = None) -> dict:
@@ -273,9 +291,9 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
     num_polys = 1
     for s in rows_shape[:-2]:
         num_polys *= s
-    defaults = _STAGED_BLOCK_N if staged else _BLOCK_N
-    block = min(block_n or defaults[jnp.dtype(table_dtype)], next_pow2(size))
-    chunks = max(1, min(chunks or _CHUNKS, triton.cdiv(size, block))) if staged else 1
+    default_block, _, default_chunks = default_launch(table_dtype, size, staged)
+    block = min(block_n or default_block, next_pow2(size))
+    chunks = max(1, min(chunks or default_chunks, triton.cdiv(size, block))) if staged else 1
     levels = _search_levels(num_pieces)
     settings = dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
                     LEVELS=levels, UNIFORM=uniform, MODE=_MODE_CODE[extrapolate],
@@ -316,7 +334,8 @@ def _batched_launcher(config: tuple):
         per_program = settings["BLOCK_N"] * settings.get("CHUNKS", 1)
         y = launch(kernel, (x, keys, rows, params),
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
-                   (triton.cdiv(size, per_program),), num_warps=num_warps,
+                   (triton.cdiv(size, per_program),),
+                   num_warps=num_warps or default_launch(rows.dtype, size, staged)[1],
                    interpret=interpret, **settings)
         return y.reshape((size, *trailing))
 
@@ -340,7 +359,7 @@ def _batched_launcher(config: tuple):
 def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: jax.Array, *,
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
-                      num_warps: int = 4, tables: str | None = None,
+                      num_warps: int | None = None, tables: str | None = None,
                       chunks: int | None = None) -> jax.Array:
     """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
 
@@ -352,7 +371,8 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         extrapolate: one of "extend", "nan", "clamp", "periodic".
         uniform: the keys are the sorted breakpoints of a near-uniform grid.
         interpret: run the kernel in Triton's interpreter on the host (tests).
-        block_n: points per program (power of two); default by dtype.
+        block_n: points per block (power of two). This, ``num_warps`` and
+            ``chunks`` default to :func:`default_launch` (by dtype and size).
         num_warps: warps per program.
         tables: "shared" (keys and coefficients staged in shared memory, gathered
             with ``tl.gather``; one polynomial, P <= 1024), "cache" (gathered from
