@@ -103,6 +103,19 @@ class TestBmsKernels(KernelTests):
         hess = np.asarray(out[2])
         assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
 
+    def test_row_derivatives_cells_in_several_chunks(self):
+        # chunks of 4 cells: rows of 9 and 13 cells take 3 and 4 chunks (the last partial),
+        # a row of exactly 4 one, an empty row none; r = 20 as in production
+        args = _synthetic_rows(np.random.default_rng(6), [9, 1, 4, 0, 13], 10, 8)
+        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret",
+                                          block_cells=4)
+        expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
+        for got, want in zip(out[:3], expected[:3]):
+            assert_close(got, want, rtol=tol(np.float64, "kernel"), atol=1e-15)
+        assert list(np.asarray(out[3])) == list(np.asarray(expected[3])) == [0, 0, 0, 1, 3]
+        hess = np.asarray(out[2])
+        assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
+
     @pytest.mark.slow
     def test_row_derivatives_float32(self):
         args = _synthetic_rows(np.random.default_rng(1), [1, 2, 5], 1, 2, dtype=np.float32)
