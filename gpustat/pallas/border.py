@@ -1,25 +1,29 @@
 """Pallas kernel for batched border (arrow-Schur) Newton solves: the square-root Schur sequence.
 
-One program solves ``block_atoms`` atoms side by side. Its tensors are
-``(block_atoms, block_rows, K)``: the atoms' rows stream through in chunks of
-``block_rows`` (a loop whose trip count is the longest atom's chunk count), each
-row's ``d x d`` Cholesky and forward substitution unrolled over the static ``d``,
-and the Schur complement ``S`` ``(block_atoms, K, K)`` accumulated in registers.
-``S``'s Cholesky, ``delta_beta`` and the log-determinant follow in registers; a
-second pass over the same chunks (recently read, so mostly from L2) forms
-``delta_t``. ``K`` is the border width padded to a power of two (padded entries are
-identity, so they change nothing).
+One program solves one atom. Its rows stream through in chunks of ``block_rows``;
+per chunk the latent coordinates ``p < d`` are ``(block_rows, K)`` tiles of ``H_tb``
+loaded straight from the packed layout, each row's ``d x d`` Cholesky and forward
+substitution run elementwise over the rows (unrolled over the static ``d``), and the
+Schur complement gathers ``sum_i Y_i^T Y_i`` as ``d`` two-dimensional
+``(K, rows) @ (rows, K)`` dots (tensor-core DMMA for float64 on Hopper, IEEE float32
+otherwise) into a ``(K, K)`` accumulator. ``S``'s Cholesky, ``delta_beta`` and the
+log-determinant follow in registers, then ``delta_t`` row by row.
 
-Imbalance: atoms are bucketed by ``K`` and by their row count. Small atoms share
-a program (many short rows chunks side by side); large atoms get a program each
-and stream many chunks. Within a bucket atoms are sorted by row count so one
-program's atoms need about the same number of chunks. Each bucket is one
-``pallas_call`` writing in place (aliased outputs) into the shared packed results.
+An atom that fits in one chunk keeps its whitened tiles ``Y``, ``u`` and ``L`` in
+registers for the back substitution (inputs read once); a longer atom streams its
+chunks twice (the second pass re-reads what it just read, mostly from L2).
+``K`` is the border width padded to 16 or 32 (the DMMA minimum is 16) and
+``block_rows`` the row count padded to a power of two between 16 and the
+``config``'s cap; padded rows are identity blocks with zero cross terms and padded
+border entries identity, so they change nothing. Atoms are bucketed by
+``(K, block_rows)``; each bucket is one ``pallas_call`` writing in place (aliased
+outputs) into the shared packed results.
 
-Numerics: float64 stays float64, everything else computes in float32. A pivot
-fails when ``not (pivot > 0)``; the failing atom's lanes go NaN and its status
-says why (same rules as :mod:`gpustat.reference.border`), other atoms never see it.
-Index arithmetic is int32: packed arrays must have fewer than 2**31 entries.
+Numerics: float64 stays float64, everything else computes in float32 (dots at
+``Precision.HIGHEST``, i.e. no TF32). A pivot fails when ``not (pivot > 0)``; the
+failing atom's outputs go NaN and its status says why (same rules as
+:mod:`gpustat.reference.border`), other atoms never see it. Index arithmetic is
+int32: packed arrays must have fewer than 2**31 entries.
 """
 
 from __future__ import annotations
@@ -47,63 +51,68 @@ __all__ = ["MAX_KERNEL_D", "KernelConfig", "plan_buckets", "solve_border_pallas"
 
 #: Largest row dimension d the kernel unrolls (larger d goes to the reference).
 MAX_KERNEL_D = 8
+_MIN_TILE = 16  # smallest K and block_rows: float64 dots need M, K >= 16 in Triton
 _NO_ROW = 2**30  # "no failing row yet" sentinel, larger than any atom-local row index
 _META_FIELDS = 7  # atom id, first row, rows, border width, H_tb / H_bb / g_b offsets
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile shape rules: ``block_atoms * block_rows * K * K <= tile_elems`` (the ``Y^T Y``
-    product tile), ``block_rows <= max_block_rows``, ``block_atoms <= max_block_atoms``."""
+    """Tile rules: ``block_rows <= max_block_rows`` and ``d * block_rows * K <= tile_elems``
+    (the ``H_tb`` tiles of one chunk); ``num_warps = clamp(block_rows * K / elems_per_warp,
+    1, max_warps)``."""
 
     tile_elems: int = 4096
-    max_block_rows: int = 32
-    max_block_atoms: int = 32
-    num_warps: int = 4
+    max_block_rows: int = 128
+    elems_per_warp: int = 512
+    max_warps: int = 4
+
+    def block_rows_cap(self, d: int, K: int) -> int:
+        cap = min(self.max_block_rows, max(1, self.tile_elems // (d * K)))
+        return max(_MIN_TILE, next_pow2(cap + 1) // 2)  # round down to a power of two
+
+    def num_warps(self, block_rows: int, K: int) -> int:
+        return int(np.clip(block_rows * K // self.elems_per_warp, 1, self.max_warps))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Bucket:
-    """Programs of one tile shape; ``atoms`` ``(programs * block_atoms,)``, -1 = empty lane."""
+    """Atoms solved with one tile shape, one program each (``atoms`` in program order)."""
 
     K: int
-    block_atoms: int
     block_rows: int
+    streamed: bool  # atoms longer than one chunk: two passes over their rows
     atoms: np.ndarray
-    chunks: np.ndarray  # (programs,) row chunks of the longest atom in each program
 
 
 def plan_buckets(layout: BorderLayout, config: KernelConfig) -> list[_Bucket]:
-    """Group atoms into programs by padded border ``K`` and row-chunk size (host, static)."""
+    """Group atoms by padded border ``K`` and row tile (host, static).
+
+    Atoms that fit one chunk get ``block_rows = next_pow2(n_a)`` (at least 16); longer
+    atoms stream chunks of the cap, longest first so the last programs are short.
+    """
     buckets = []
-    K_all = np.maximum(2, [next_pow2(k) for k in layout.k_dims]).astype(np.int64)
+    K_all = np.array([max(_MIN_TILE, next_pow2(k)) for k in layout.k_dims], dtype=np.int64)
     for K in sorted(set(K_all.tolist())):
-        rows_cap = max(1, config.tile_elems // (K * K))
-        R_max = min(config.max_block_rows, next_pow2(rows_cap + 1) // 2)
+        cap = config.block_rows_cap(layout.d, K)
         in_K = np.flatnonzero(K_all == K)
-        R_all = np.array([min(next_pow2(n), R_max) for n in layout.n_rows[in_K]], dtype=np.int64)
-        for R in sorted(set(R_all.tolist())):
-            atoms = in_K[R_all == R]
-            atoms = atoms[np.argsort(-layout.n_rows[atoms], kind="stable")]
-            A = int(min(config.max_block_atoms, max(1, rows_cap // R)))
-            A = next_pow2(A + 1) // 2  # round down to a power of two
-            programs = -(-atoms.size // A)
-            lanes = np.full(programs * A, -1, dtype=np.int64)
-            lanes[:atoms.size] = atoms
-            longest = np.where(lanes >= 0, layout.n_rows[np.maximum(lanes, 0)], 0)
-            chunks = -(-longest.reshape(programs, A).max(axis=1) // R)
-            buckets.append(_Bucket(K, A, R, lanes, chunks.astype(np.int32)))
+        n = layout.n_rows[in_K]
+        R_all = np.array([max(_MIN_TILE, next_pow2(x)) for x in n], dtype=np.int64)
+        for R in sorted(set(R_all[n <= cap].tolist())):
+            buckets.append(_Bucket(K, R, False, in_K[(n <= cap) & (R_all == R)]))
+        if np.any(n > cap):
+            long = in_K[n > cap]
+            buckets.append(_Bucket(K, cap, True,
+                                   long[np.argsort(-layout.n_rows[long], kind="stable")]))
     return buckets
 
 
 def _bucket_meta(layout: BorderLayout, bucket: _Bucket) -> np.ndarray:
-    """Flat ``(lanes * 7,)`` int32 per-lane metadata in :data:`_META_FIELDS` order."""
-    a = np.maximum(bucket.atoms, 0)
-    empty = bucket.atoms < 0
-    fields = [bucket.atoms, layout.row_offsets[a], layout.n_rows[a], layout.k_dims[a],
+    """Flat ``(programs * 7,)`` int32 per-program metadata in :data:`_META_FIELDS` order."""
+    a = bucket.atoms
+    fields = [a, layout.row_offsets[a], layout.n_rows[a], layout.k_dims[a],
               layout.cross_offsets[a], layout.hbb_offsets[a], layout.border_offsets[a]]
-    meta = np.stack([np.where(empty & (i > 0), 0, f) for i, f in enumerate(fields)], axis=1)
-    return meta.astype(np.int32).reshape(-1)
+    return np.stack(fields, axis=1).astype(np.int32).reshape(-1)
 
 
 def _load(ref, index, mask, other):
@@ -114,44 +123,43 @@ def _load(ref, index, mask, other):
 def _store(ref, index, value, mask):
     """Scatter ``value`` to ``ref[index]`` where ``mask``.
 
-    Masked lanes aim at the buffer's spare last slot: interpret mode emulates a masked
-    store as a read-modify-write scatter, so a masked lane must not share a real index.
+    Masked lanes aim at the buffer's last slot, a spare one in interpret mode: that mode
+    emulates a masked store as a read-modify-write scatter, so a masked lane must not
+    share a real index there (on the GPU a masked lane writes nothing).
     """
     plt.store(ref.at[jnp.where(mask, index, ref.shape[0] - 1)], value, mask=mask)
 
 
-def _count_nonfinite(x, mask):
-    """Per-element 1.0 where ``x`` is NaN or infinite (and ``mask``), else 0.0."""
-    return jnp.where(mask & ~(jnp.abs(x) <= jnp.finfo(x.dtype).max), 1.0, 0.0).astype(x.dtype)
+def _nan_probe(x):
+    """``sum(x * 0)``: 0 when every entry of ``x`` is finite, NaN otherwise.
 
-
-def _load_row_blocks(htt_ref, row, row_ok, d):
-    """Lower triangles of the ``(A, R)`` rows' ``H_tt`` blocks: ``{(p, q): (A, R)}``, p >= q.
-
-    Masked rows read as identity blocks so their Cholesky stays finite.
+    Reduced one axis at a time: a full reduction of a 2-D tile does not lower.
     """
-    return {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
-            for p in range(d) for q in range(p + 1)}
+    x = x * 0.0
+    while x.ndim:
+        x = jnp.sum(x, axis=-1)
+    return x
 
 
 def _row_cholesky(h, ridge, d):
-    """Unrolled ``d x d`` lower Cholesky of ``h + ridge I`` on ``(A, R)`` lanes.
+    """Unrolled ``d x d`` lower Cholesky of ``h + ridge I`` on ``(R,)`` row vectors.
 
-    Returns ``(L, pivots)``: ``L[(p, q)]`` for p >= q and the ``d`` pivots.
+    Returns ``(L, inv_diag, pivots)``: ``L[(p, q)]`` for p > q, ``1 / L[(p, p)]`` and
+    the ``d`` pivots (``L[(p, p)]^2``).
     """
-    L, pivots = {}, []
+    L, inv_diag, pivots = {}, [], []
     for j in range(d):
         pivot = h[(j, j)] + ridge - sum((L[(j, q)] ** 2 for q in range(j)), start=0.0)
-        L[(j, j)] = jnp.sqrt(pivot)
+        inv_diag.append(jax.lax.rsqrt(pivot))
         for i in range(j + 1, d):
             dot = sum((L[(i, q)] * L[(j, q)] for q in range(j)), start=0.0)
-            L[(i, j)] = (h[(i, j)] - dot) / L[(j, j)]
+            L[(i, j)] = (h[(i, j)] - dot) * inv_diag[j]
         pivots.append(pivot)
-    return L, pivots
+    return L, inv_diag, pivots
 
 
 def _row_bump(h, ridge, d, unit_roundoff):
-    """Gershgorin ridge bump of every row's unridged block ``h`` (spec B.5), ``(A, R)``."""
+    """Gershgorin ridge bump of every row's unridged block ``h`` (spec B.5), ``(R,)``."""
     gap = scale = radius = None
     for p in range(d):
         diag = h[(p, p)]
@@ -163,187 +171,199 @@ def _row_bump(h, ridge, d, unit_roundoff):
     return gershgorin_ridge_bump(gap, jnp.maximum(scale, 1.0), radius, ridge, d, unit_roundoff)
 
 
-def _border_kernel(meta_ref, chunks_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_ref, gt_ref,
-                   hbb_ref, gb_ref, _dt_in, _db_in, _ld_in, _st_in, _row_in, _bump_in,
-                   dt_ref, db_ref, ld_ref, st_ref, row_ref, bump_ref, *, d, K, block_atoms,
-                   block_rows, unit_roundoff):
-    A, R = block_atoms, block_rows
+def _gram(Y):
+    """``Y^T Y`` of an ``(R, K)`` tile as one 2-D dot, full precision."""
+    return jax.lax.dot_general(Y, Y, (((0,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=Y.dtype)
+
+
+def _schur_solve(S, rhs, k, ck):
+    """Right-looking Cholesky of ``S`` ``(K, K)`` with the forward solve fused, then the
+    back solve: ``(delta_beta (K,), sum log pivots over the k real columns, any failed)``."""
+    K = ck.shape[0]
+    ii, jj = ck[:, None], ck[None, :]
+
+    def column(j, carry):
+        S, L_S, z, rhs, log_det, bad = carry
+        col = jnp.sum(jnp.where(jj == j, S, 0.0), axis=1)
+        pivot = jnp.sum(jnp.where(ck == j, col, 0.0))
+        inv = jax.lax.rsqrt(pivot)
+        l = jnp.where(ck > j, col * inv, jnp.where(ck == j, pivot * inv, 0.0))
+        S = S - jnp.where((ii > j) & (jj > j), l[:, None] * l[None, :], 0.0)
+        L_S = L_S + jnp.where(jj == j, l[:, None], 0.0)
+        z_j = jnp.sum(jnp.where(ck == j, rhs, 0.0)) * inv
+        z = jnp.where(ck == j, z_j, z)
+        rhs = rhs - jnp.where(ck > j, l * z_j, 0.0)
+        real = j < k
+        log_det += jnp.where(real, jnp.log(pivot), 0.0)
+        bad = bad | (real & ~(pivot > 0))
+        return S, L_S, z, rhs, log_det, bad
+
+    zero = jnp.zeros((), S.dtype)
+    _, L_S, z, _, log_det, bad = jax.lax.fori_loop(
+        0, K, column, (S, jnp.zeros_like(S), jnp.zeros_like(rhs), rhs, zero, jnp.bool_(False)))
+
+    # delta_beta = L_S^{-T} z, one column of L_S (= row of L_S^T) per step, last first.
+    def back(step, x):
+        j = K - 1 - step
+        col = jnp.sum(jnp.where(jj == j, L_S, 0.0), axis=1)
+        done = jnp.sum(jnp.where(ck > j, col * x, 0.0))
+        l_jj = jnp.sum(jnp.where(ck == j, col, 0.0))
+        z_j = jnp.sum(jnp.where(ck == j, z, 0.0))
+        return jnp.where(ck == j, (z_j - done) / l_jj, x)
+
+    return jax.lax.fori_loop(0, K, back, jnp.zeros_like(rhs)), log_det, bad
+
+
+def _border_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
+    # refs: 8 inputs, then (after the first bucket) the 6 aliased outputs, then the outputs.
+    meta_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_ref, gt_ref, hbb_ref, gb_ref = refs[:8]
+    dt_ref, db_ref, ld_ref, st_ref, row_ref, bump_ref = refs[-6:]
+    R = block_rows
     dtype = ld_ref.dtype
-    lane = pl.program_id(0) * A + jnp.arange(A, dtype=jnp.int32)
-    atom, row0, n, k, cross0, hbb0, gb0 = (meta_ref[lane * _META_FIELDS + f]
-                                            for f in range(_META_FIELDS))
-    atom_ok = atom >= 0
-    ridge_t = ridge_t_ref[lane][:, None]
-    ridge_b = ridge_b_ref[lane]
-    n_chunks = chunks_ref[pl.program_id(0)]
+    base = pl.program_id(0) * _META_FIELDS
+    atom, row0, n, k, cross0, hbb0, gb0 = (meta_ref[base + f] for f in range(_META_FIELDS))
+    ridge_t = ridge_t_ref[atom]
+    ridge_b = ridge_b_ref[atom]
     ck = jnp.arange(K, dtype=jnp.int32)
-    col_ok = ck[None, :] < k[:, None]  # (A, K)
-    cross_mask = col_ok[:, None, :]
+    col_ok = ck < k
 
-    def chunk_rows(c):
-        """Atom-local rows ``(R,)``, their validity and packed index ``(A, R)``."""
+    def load_chunk(c):
+        """Rows ``c*R ..`` of the atom: lower ``H_tt`` entries and ``g_t`` as ``(R,)``
+        vectors, ``H_tb`` as one ``(R, K)`` tile per latent coordinate ``p`` (row stride
+        ``d k`` in the packed layout). Masked rows read as identity blocks."""
         local = c * R + jnp.arange(R, dtype=jnp.int32)
-        row_ok = local[None, :] < n[:, None]
-        return local, row_ok, row0[:, None] + local[None, :]
-
-    def cross_blocks(row, local, row_ok):
-        """``H_tb`` of the chunk, one ``(A, R, K)`` tile per latent coordinate p."""
-        mask = row_ok[:, :, None] & cross_mask
-        return [_load(htb_ref, cross0[:, None, None] + (local[None, :, None] * d + p)
-                      * k[:, None, None] + ck[None, None, :], mask, 0.0) for p in range(d)]
-
-    def row_pass(c, carry):
-        S, rhs, log_det, first_bad, bump, bad_inputs = carry
-        local, row_ok, row = chunk_rows(c)
-        h = _load_row_blocks(htt_ref, row, row_ok, d)
-        L, pivots = _row_cholesky(h, jnp.where(row_ok, ridge_t, 0.0), d)
+        row_ok = local < n
+        row = row0 + local
+        h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
+             for p in range(d) for q in range(p + 1)}
         g = [_load(gt_ref, row * d + p, row_ok, 0.0) for p in range(d)]
-        B = cross_blocks(row, local, row_ok)
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        B = [_load(htb_ref, cross0 + (local[:, None] * d + p) * k + ck[None, :], tile_ok, 0.0)
+             for p in range(d)]
+        return local, row_ok, h, g, B
 
-        # Step 1 failures: first failing row of the chunk and its Gershgorin bump.
-        good = row_ok
-        for pivot in pivots:
-            good = good & (pivot > 0)
-        failing = jnp.min(jnp.where(row_ok & ~good, local[None, :], _NO_ROW), axis=1)
-        chunk_bump = jnp.sum(jnp.where(local[None, :] == failing[:, None],
-                                       _row_bump(h, ridge_t, d, unit_roundoff), 0.0), axis=1)
-        bump = jnp.where(failing < first_bad, chunk_bump, bump)
-        first_bad = jnp.minimum(first_bad, failing)
-        for x in [*h.values(), *g]:
-            bad_inputs += jnp.sum(_count_nonfinite(x, row_ok), axis=1)
-        for x in B:
-            bad_inputs += jnp.sum(jnp.sum(_count_nonfinite(x, True), axis=2), axis=1)
-        for pivot in pivots:
-            log_det += jnp.sum(jnp.where(row_ok, jnp.log(pivot), 0.0), axis=1)
-
-        # Step 2: u = L^{-1} g, Y = L^{-1} H_tb (forward substitution over p);
-        # step 3: S -= sum_i Y_i^T Y_i, rhs += sum_i Y_i^T u_i.
+    def whiten(row_ok, h, g, B):
+        """Steps 1-2: ``L_i``, ``u_i = L_i^{-1} g_i``, ``Y_i = L_i^{-1} H_tb_i`` on the chunk."""
+        L, inv_diag, pivots = _row_cholesky(h, jnp.where(row_ok, ridge_t, 0.0), d)
         Y, u = [], []
         for p in range(d):
             y_p, u_p = B[p], g[p]
             for q in range(p):
-                y_p = y_p - L[(p, q)][:, :, None] * Y[q]
+                y_p = y_p - L[(p, q)][:, None] * Y[q]
                 u_p = u_p - L[(p, q)] * u[q]
-            Y.append(y_p / L[(p, p)][:, :, None])
-            u.append(u_p / L[(p, p)])
-            S -= jnp.sum(Y[p][:, :, :, None] * Y[p][:, :, None, :], axis=1)
-            rhs += jnp.sum(Y[p] * u[p][:, :, None], axis=1)
-        return S, rhs, log_det, first_bad, bump, bad_inputs
+            Y.append(y_p * inv_diag[p][:, None])
+            u.append(u_p * inv_diag[p])
+        return L, inv_diag, pivots, Y, u
 
-    zeros_a = jnp.zeros((A,), dtype)
-    S, rhs, log_det, first_bad, row_bump, bad_inputs = jax.lax.fori_loop(
-        0, n_chunks, row_pass,
-        (jnp.zeros((A, K, K), dtype), jnp.zeros((A, K), dtype), zeros_a,
-         jnp.full((A,), _NO_ROW, jnp.int32), zeros_a, zeros_a))
+    def row_pass(c, carry):
+        S, rhs, log_det, first_bad, bump, probe = carry
+        local, row_ok, h, g, B = load_chunk(c)
+        L, inv_diag, pivots, Y, u = whiten(row_ok, h, g, B)
+        # Step 1 failures: first failing row of the chunk and its Gershgorin bump.
+        good = row_ok
+        for pivot in pivots:
+            good = good & (pivot > 0)
+            log_det += jnp.sum(jnp.where(row_ok, jnp.log(pivot), 0.0))
+        failing = jnp.min(jnp.where(row_ok & ~good, local, _NO_ROW))
+        chunk_bump = jnp.sum(jnp.where(local == failing,
+                                       _row_bump(h, ridge_t, d, unit_roundoff), 0.0))
+        bump = jnp.where(failing < first_bad, chunk_bump, bump)
+        first_bad = jnp.minimum(first_bad, failing)
+        for x in [*h.values(), *g, *B]:
+            probe += _nan_probe(x)
+        # Step 3: S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
+        for p in range(d):
+            S -= _gram(Y[p])
+            rhs += jnp.sum(Y[p] * u[p][:, None], axis=0)
+        return (S, rhs, log_det, first_bad, bump, probe), (row_ok, L, inv_diag, Y, u)
+
+    carry = (jnp.zeros((K, K), dtype), jnp.zeros((K,), dtype), jnp.zeros((), dtype),
+             jnp.int32(_NO_ROW), jnp.zeros((), dtype), jnp.zeros((), dtype))
+    n_chunks = (n + R - 1) // R
+    if streamed:
+        carry = jax.lax.fori_loop(0, n_chunks, lambda c, cr: row_pass(c, cr)[0], carry)
+    else:
+        carry, whitened = row_pass(0, carry)
+    S, rhs, log_det, first_bad, row_bump, probe = carry
 
     # Border: S0 = H_bb - sum Y^T Y (unridged, for the bump), then ridge; padding is I.
-    ii, jj = ck[None, :, None], ck[None, None, :]
-    border_ok = (ii < k[:, None, None]) & (jj < k[:, None, None])
-    H_bb = _load(hbb_ref, hbb0[:, None, None] + jnp.maximum(ii, jj) * k[:, None, None]
-                 + jnp.minimum(ii, jj), border_ok, 0.0)
-    g_b = _load(gb_ref, gb0[:, None] + ck[None, :], col_ok, 0.0)
-    bad_inputs += jnp.sum(jnp.sum(_count_nonfinite(H_bb, True), axis=2), axis=1)
-    bad_inputs += jnp.sum(_count_nonfinite(g_b, True), axis=1)
-    S = S + H_bb
-    diag_S = jnp.sum(jnp.where(ii == jj, S, 0.0), axis=2)
-    off_S = jnp.sum(jnp.where(border_ok, jnp.abs(S), 0.0), axis=2) - jnp.abs(diag_S)
+    ii, jj = ck[:, None], ck[None, :]
+    border_ok = col_ok[:, None] & col_ok[None, :]
+    H_bb = _load(hbb_ref, hbb0 + jnp.maximum(ii, jj) * k + jnp.minimum(ii, jj), border_ok, 0.0)
+    g_b = _load(gb_ref, gb0 + ck, col_ok, 0.0)
+    probe += _nan_probe(H_bb) + _nan_probe(g_b)
+    S += H_bb
+    diag_S = jnp.sum(jnp.where(ii == jj, S, 0.0), axis=1)
+    off_S = jnp.sum(jnp.where(border_ok, jnp.abs(S), 0.0), axis=1) - jnp.abs(diag_S)
     schur_bump = gershgorin_ridge_bump(
-        jnp.min(jnp.where(col_ok, diag_S - off_S, jnp.inf), axis=1),
-        jnp.maximum(1.0, jnp.max(jnp.where(col_ok, jnp.abs(diag_S), 0.0), axis=1)),
-        jnp.max(jnp.where(col_ok, jnp.abs(diag_S) + off_S, 0.0), axis=1),
+        jnp.min(jnp.where(col_ok, diag_S - off_S, jnp.inf)),
+        jnp.maximum(1.0, jnp.max(jnp.where(col_ok, jnp.abs(diag_S), 0.0))),
+        jnp.max(jnp.where(col_ok, jnp.abs(diag_S) + off_S, 0.0)),
         ridge_b, k.astype(dtype), unit_roundoff)
-    S = S + jnp.where(ii == jj, jnp.where(ii < k[:, None, None], ridge_b[:, None, None], 1.0), 0.0)
-    rhs = rhs - g_b
+    S += jnp.where(ii == jj, jnp.where(col_ok, ridge_b, 1.0)[:, None], 0.0)
 
-    # Steps 4-5: right-looking Cholesky of S in registers, forward solve fused (z = L_S^{-1} rhs).
-    def schur_column(j, carry):
-        S, L_S, z, rhs, log_det, schur_bad = carry
-        col = jnp.sum(jnp.where(jj == j, S, 0.0), axis=2)
-        pivot = jnp.sum(jnp.where(ck[None, :] == j, col, 0.0), axis=1)
-        l_jj = jnp.sqrt(pivot)[:, None]
-        l = jnp.where(ck[None, :] > j, col / l_jj, jnp.where(ck[None, :] == j, l_jj, 0.0))
-        trailing = (ii > j) & (jj > j)
-        S = S - jnp.where(trailing, l[:, :, None] * l[:, None, :], 0.0)
-        L_S = L_S + jnp.where(jj == j, l[:, :, None], 0.0)
-        z_j = jnp.sum(jnp.where(ck[None, :] == j, rhs, 0.0), axis=1)[:, None] / l_jj
-        z = jnp.where(ck[None, :] == j, z_j, z)
-        rhs = rhs - jnp.where(ck[None, :] > j, l * z_j, 0.0)
-        real = j < k
-        log_det += jnp.where(real, jnp.log(pivot), 0.0)
-        schur_bad = schur_bad | (real & ~(pivot > 0))
-        return S, L_S, z, rhs, log_det, schur_bad
+    # Steps 4-5 and 7: delta_beta = S^{-1} (sum Y^T u - g_b), log det.
+    delta_beta, schur_log_det, schur_bad = _schur_solve(S, rhs - g_b, k, ck)
+    log_det += schur_log_det
 
-    _, L_S, z, _, log_det, schur_bad = jax.lax.fori_loop(
-        0, K, schur_column,
-        (S, jnp.zeros((A, K, K), dtype), jnp.zeros((A, K), dtype), rhs, log_det,
-         jnp.zeros((A,), jnp.bool_)))
-
-    # Step 5: delta_beta = L_S^{-T} z, one row of L_S^T (= column of L_S) per step.
-    def back_column(step, x):
-        j = K - 1 - step
-        col = jnp.sum(jnp.where(jj == j, L_S, 0.0), axis=2)
-        done = jnp.sum(jnp.where(ck[None, :] > j, col * x, 0.0), axis=1)
-        l_jj = jnp.sum(jnp.where(ck[None, :] == j, col, 0.0), axis=1)
-        z_j = jnp.sum(jnp.where(ck[None, :] == j, z, 0.0), axis=1)
-        return jnp.where(ck[None, :] == j, ((z_j - done) / l_jj)[:, None], x)
-
-    delta_beta = jax.lax.fori_loop(0, K, back_column, jnp.zeros((A, K), dtype))
-
-    status = jnp.where(bad_inputs > 0, STATUS_NONFINITE,
+    # probe is NaN exactly when some input entry the solve reads is not finite.
+    status = jnp.where(~(probe == 0), STATUS_NONFINITE,
                        jnp.where(first_bad < _NO_ROW, STATUS_ROW_NOT_PD,
                                  jnp.where(schur_bad, STATUS_SCHUR_NOT_PD, STATUS_OK)))
+    status = status.astype(jnp.int32)
     failed = status != STATUS_OK
-    _store(st_ref, atom, status.astype(jnp.int32), atom_ok)
-    _store(row_ref, atom, jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1), atom_ok)
-    _store(bump_ref, atom, jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
-                                     jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0)),
-           atom_ok)
-    _store(ld_ref, atom, jnp.where(failed, jnp.nan, log_det), atom_ok)
-    _store(db_ref, gb0[:, None] + ck[None, :], jnp.where(failed[:, None], jnp.nan, delta_beta),
-           atom_ok[:, None] & col_ok)
+    st_ref[atom] = status
+    row_ref[atom] = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1).astype(jnp.int32)
+    bump_ref[atom] = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
+                               jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
+    ld_ref[atom] = jnp.where(failed, jnp.nan, log_det)
+    _store(db_ref, gb0 + ck, jnp.where(failed, jnp.nan, delta_beta), col_ok)
 
-    # Step 6: delta_t_i = -(H_tt_i + rho_t I)^{-1} (g_t_i + H_tb_i delta_beta), rows re-read.
-    def solve_pass(c, carry):
-        local, row_ok, row = chunk_rows(c)
-        L, _ = _row_cholesky(_load_row_blocks(htt_ref, row, row_ok, d),
-                             jnp.where(row_ok, ridge_t, 0.0), d)
-        B = cross_blocks(row, local, row_ok)
-        w = []
-        for p in range(d):
-            v = _load(gt_ref, row * d + p, row_ok, 0.0) + jnp.sum(
-                B[p] * delta_beta[:, None, :], axis=2)
-            for q in range(p):
-                v = v - L[(p, q)] * w[q]
-            w.append(v / L[(p, p)])
+    # Step 6: delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta).
+    def solve_rows(c, row_ok, L, inv_diag, Y, u):
+        w = [u[p] + jnp.sum(Y[p] * delta_beta[None, :], axis=1) for p in range(d)]
         x = [None] * d
         for p in reversed(range(d)):
             v = w[p]
             for q in range(p + 1, d):
                 v = v - L[(q, p)] * x[q]
-            x[p] = v / L[(p, p)]
-        store_ok = row_ok & atom_ok[:, None]
+            x[p] = v * inv_diag[p]
+        row = row0 + c * R + jnp.arange(R, dtype=jnp.int32)
         for p in range(d):
-            _store(dt_ref, row * d + p, jnp.where(failed[:, None], jnp.nan, -x[p]), store_ok)
-        return carry
+            _store(dt_ref, row * d + p, jnp.where(failed, jnp.nan, -x[p]), row_ok)
 
-    jax.lax.fori_loop(0, n_chunks, solve_pass, jnp.int32(0))
+    if streamed:
+        def solve_pass(c, carry):
+            _, row_ok, h, g, B = load_chunk(c)
+            L, inv_diag, _, Y, u = whiten(row_ok, h, g, B)
+            solve_rows(c, row_ok, L, inv_diag, Y, u)
+            return carry
+
+        jax.lax.fori_loop(0, n_chunks, solve_pass, jnp.int32(0))
+    else:
+        solve_rows(0, *whitened)
 
 
 def _solve_bucket(bucket: _Bucket, meta, ridge_t, ridge_beta, arrays, outputs, *, d,
                   interpret, num_warps):
+    """One ``pallas_call``. ``outputs`` are ``jax.ShapeDtypeStruct`` for the first bucket
+    (fresh buffers, no memset: the buckets together write every entry) and arrays after
+    it, updated in place."""
     dtype = outputs[0].dtype
     kernel = functools.partial(
-        _border_kernel, d=d, K=bucket.K, block_atoms=bucket.block_atoms,
-        block_rows=bucket.block_rows, unit_roundoff=float(jnp.finfo(dtype).eps) / 2)
-    lanes = jnp.asarray(np.maximum(bucket.atoms, 0))
-    inputs = (meta, jnp.asarray(bucket.chunks), ridge_t[lanes], ridge_beta[lanes], *arrays)
+        _border_kernel, d=d, K=bucket.K, block_rows=bucket.block_rows,
+        streamed=bucket.streamed, unit_roundoff=float(jnp.finfo(dtype).eps) / 2)
+    inputs = (meta, ridge_t, ridge_beta, *arrays)
+    fresh = isinstance(outputs[0], jax.ShapeDtypeStruct)
     call = pallas_call(
         kernel, interpret=interpret, num_warps=num_warps,
-        grid=(bucket.chunks.size,),
+        grid=(bucket.atoms.size,),
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
-        input_output_aliases={len(inputs) + i: i for i in range(len(outputs))},
+        input_output_aliases={} if fresh else {len(inputs) + i: i for i in range(len(outputs))},
     )
-    return call(*inputs, *outputs)
+    return call(*inputs) if fresh else call(*inputs, *outputs)
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "interpret", "config"))
@@ -358,24 +378,27 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     d = layout.d
     arrays = tuple(jnp.asarray(x, dtype).reshape(-1) for x in (H_tt, H_tb, g_t, H_bb, g_b))
     b = layout.num_atoms
-    # Every output has one spare trailing slot for masked lanes (see _store).
+    # In interpret mode every output has one spare trailing slot for masked lanes (see
+    # _store); on the GPU masked lanes write nothing, and no slice copies the results.
+    spare = 1 if interpret else 0
     sizes = (layout.num_rows * d, int(layout.border_offsets[-1]), b, b, b, b)
     dtypes = (dtype, dtype, dtype, jnp.int32, jnp.int32, dtype)
-    outputs = [jnp.zeros((size + 1,), dt) for size, dt in zip(sizes, dtypes)]
+    outputs = [jax.ShapeDtypeStruct((size + spare,), dt) for size, dt in zip(sizes, dtypes)]
     ridge_t = jnp.asarray(ridge_t, dtype)
     ridge_beta = jnp.asarray(ridge_beta, dtype)
     for bucket in plan_buckets(layout, config):
         meta = jnp.asarray(_bucket_meta(layout, bucket))
         outputs = _solve_bucket(bucket, meta, ridge_t, ridge_beta, arrays, outputs, d=d,
-                                interpret=interpret, num_warps=config.num_warps)
+                                interpret=interpret,
+                                num_warps=config.num_warps(bucket.block_rows, bucket.K))
     delta_t, delta_beta, log_det, status, row, bump = (
         out[:size] for out, size in zip(outputs, sizes))
     return delta_t.reshape(layout.num_rows, d), delta_beta, log_det, status, row, bump
 
 
 def _register_lowering_cases() -> None:
-    """One small ragged layout per dtype: both tile regimes (packed small atoms, streamed)."""
-    layout = BorderLayout(2, np.array([3, 40, 1, 200]), np.array([2, 5, 1, 17]))
+    """One small ragged layout per dtype: one-chunk atoms (K 16 and 32) and streamed atoms."""
+    layout = BorderLayout(2, np.array([3, 40, 1, 20, 200]), np.array([2, 5, 1, 20, 17]))
     for dtype in (jnp.float32, jnp.float64):
         sizes = layout.packed_sizes()
         args = [jax.ShapeDtypeStruct(sizes[name], dtype)

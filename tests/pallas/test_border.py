@@ -20,8 +20,9 @@ from tests.oracles.border_golden import (
     schur_and_nonfinite_d2_atoms,
 )
 
-# Small tiles: several atoms per program and long atoms streamed over many chunks.
-STREAMING = KernelConfig(tile_elems=1024, max_block_rows=4, max_block_atoms=4)
+# Smallest row tile (16 rows): the d = 2 atoms of 17 and 300 rows stream over 2 and 19
+# chunks (ragged last chunks), the 3-row atom fits one chunk.
+STREAMING = KernelConfig(tile_elems=512)
 
 
 def batch_of(atoms, dtype=np.float64):
@@ -38,13 +39,19 @@ def assert_same_solution(kernel, reference, rtol):
                      err_msg=name)
 
 
-def test_streaming_plan_covers_both_regimes():
+@pytest.mark.parametrize("config", [KernelConfig(), STREAMING])
+def test_plan_covers_one_chunk_and_streamed_atoms(config):
+    """Every atom in exactly one bucket; one-chunk buckets hold atoms that fit, streamed
+    buckets atoms longer than their tile (default config: the 300-row atom streams)."""
     layout = batch_of(random_pd_atoms(2)).layout
-    buckets = plan_buckets(layout, STREAMING)
-    assert any(b.block_atoms > 1 for b in buckets)
-    assert any(int(b.chunks.max()) > 1 for b in buckets)
-    lanes = np.concatenate([b.atoms for b in buckets])
-    np.testing.assert_array_equal(np.sort(lanes[lanes >= 0]), np.arange(layout.num_atoms))
+    buckets = plan_buckets(layout, config)
+    assert {b.streamed for b in buckets} == {False, True}
+    for b in buckets:
+        n, k = layout.n_rows[b.atoms], layout.k_dims[b.atoms]
+        assert np.all(k <= b.K) and b.K in (16, 32)
+        assert np.all(n > b.block_rows) if b.streamed else np.all(n <= b.block_rows)
+    atoms = np.concatenate([b.atoms for b in buckets])
+    np.testing.assert_array_equal(np.sort(atoms), np.arange(layout.num_atoms))
 
 
 class TestBorderKernel(KernelTests):
