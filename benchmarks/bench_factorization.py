@@ -9,6 +9,9 @@ Data and parameters are resident on the device. Per model, in one process:
 2. a small sweep of kernel tiles (``block_rows``, ``num_warps``), then the best;
 3. the XLA-compiled reference (``jax.jit``; FFM's per-row (w, w, k) gather is
    chunked with ``lax.map`` over 65,536 rows so it fits in memory);
+   FwFM runs on the plain CSR ("rows" layout) and on the same CSR with its
+   field-slot table (``X.with_field_slots``, "slots" layout, built once on the
+   host; its build time is recorded);
 4. modern_fm's predict on the host CPUs (Rust core, one thread; on
    ``--modern-fm-rows`` rows, timed as rows/s) and its CUDA backend if it loads.
 
@@ -38,10 +41,13 @@ N_FIELDS = 24
 ZIPF_EXPONENT = 1.1
 K = {"fm": 16, "ffm": 8, "fwfm": 8}
 TARGET_ROWS_PER_S = {"fm": 200e6, "ffm": 50e6, "fwfm": 100e6}
-SWEEP = {  # (block_rows, num_warps) tried per model, around the defaults
-    "fm": [(4, 4), (8, 4), (16, 4), (8, 8)],
-    "ffm": [(2, 2), (4, 4), (8, 4), (4, 8)],
-    "fwfm": [(8, 4), (16, 4), (32, 4), (16, 8)],
+SWEEP = {  # (layout, block_rows, num_warps) tried per model, around the defaults
+    "fm": [("rows", 4, 4), ("rows", 8, 4), ("rows", 16, 4), ("rows", 8, 8)],
+    "ffm": [("rows", 2, 2), ("rows", 4, 4), ("rows", 8, 4), ("rows", 4, 8)],
+    # FwFM: the row-bucket kernel at its H200 best, then the field-slot kernel
+    # (block_rows * k is the dot's N; 16 rows = 128 columns by default)
+    "fwfm": [("rows", 16, 4), ("slots", 8, 4), ("slots", 16, 4), ("slots", 32, 4),
+             ("slots", 64, 4), ("slots", 16, 8), ("slots", 32, 8), ("slots", 64, 8)],
 }
 
 
@@ -139,6 +145,10 @@ def _time_host(fn, repeats=20):
 
 
 def bench_model(rec: Recorder, model: str, X: CSR, fid_np, modern_rows: int) -> None:
+    """``X`` carries its field-slot table; the "rows" layout drops it."""
+    layouts = {"slots": X, "rows": CSR.tree_unflatten(X.tree_flatten()[1],
+                                                       (*X.tree_flatten()[0][:-1], None))}
+    X = layouts["rows"]
     n = X.shape[0]
     w0, w, V, R = parameters(model)
     dev = [jnp.asarray(a) for a in (w0, w, V, R)]
@@ -153,18 +163,29 @@ def bench_model(rec: Recorder, model: str, X: CSR, fid_np, modern_rows: int) -> 
                       rtol=1e-4, atol=1e-4)
 
     best = None
-    for block_rows, num_warps in SWEEP[model]:
-        timing = time_fn(_kernel_fn(model, block_rows, num_warps), [args], repeats=20)
+    for layout, block_rows, num_warps in SWEEP[model]:
+        layout_args = (layouts[layout], *args[1:])
+        try:
+            fn = _kernel_fn(model, block_rows, num_warps)
+            if layout == "slots":
+                err_layout = check_close(f"{model} {layout} {block_rows} vs xla",
+                                         fn(*layout_args), expected, rtol=1e-4, atol=1e-4)
+                err = max(err, err_layout)
+            timing = time_fn(fn, [layout_args], repeats=20)
+        except Exception:  # one configuration's failure must not lose the others
+            traceback.print_exc()
+            continue
         rec.record(f"{model}_sweep", shape=shape, dtype="float32", backend="pallas",
                    timing=timing, items=n, item_name="rows",
-                   extra={"block_rows": block_rows, "num_warps": num_warps})
+                   extra={"layout": layout, "block_rows": block_rows, "num_warps": num_warps})
         if best is None or timing.median_ms < best[0].median_ms:
-            best = (timing, block_rows, num_warps)
+            best = (timing, layout, block_rows, num_warps)
     xla_timing = time_fn(xla, [args], repeats=20)
     rec.record(f"{model}_xla_reference", shape=shape, dtype="float32", backend="xla",
                timing=xla_timing, items=n, item_name="rows", bytes_moved=gbytes)
     public_timing = time_fn(jax.jit(functools.partial(
-        _call, model, backend="interpret" if INTERPRET else "pallas")), [args], repeats=20)
+        _call, model, backend="interpret" if INTERPRET else "pallas")),
+        [(layouts[best[1]], *args[1:])], repeats=20)
 
     # modern_fm on the host: its own float64 CSR path, one thread, on a row subset
     import scipy.sparse as sp
@@ -200,11 +221,11 @@ def bench_model(rec: Recorder, model: str, X: CSR, fid_np, modern_rows: int) -> 
         rec.record(f"{model}_modern_fm_cuda", shape=(0,), dtype="float64",
                    backend="modern_fm-cuda", timing=None, extra={"unavailable": why_not})
 
-    timing, block_rows, num_warps = best
+    timing, layout, block_rows, num_warps = best
     rows_s = n / (timing.median_ms * 1e-3)
     rec.record(f"{model}_pallas", shape=shape, dtype="float32", backend="pallas", timing=timing,
                items=n, item_name="rows", bytes_moved=gbytes, baseline=f"{model}_xla_reference",
-               extra={"block_rows": block_rows, "num_warps": num_warps,
+               extra={"layout": layout, "block_rows": block_rows, "num_warps": num_warps,
                       "max_rel_err_vs_xla": err,
                       "public_api_median_ms": public_timing.median_ms,
                       "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
@@ -220,6 +241,11 @@ def run(quick: bool, out=None, n_rows: int = 1_000_000, modern_rows: int = 50_00
     rec.measure_copy()
     indptr, indices, field_ids = ctr_rows(n_rows)
     X = CSR(np.ones(indices.shape[0], np.float32), indices, indptr, (n_rows, N_FEATURES))
+    start = time.perf_counter()
+    X = jax.block_until_ready(X.with_field_slots(field_ids))
+    rec.record("field_slot_layout_build", shape=(n_rows, N_FIELDS), dtype="int32",
+               backend="host-numpy", timing=None,
+               extra={"seconds": time.perf_counter() - start, "once_per_matrix": True})
     failures = []
     for model in ("fm", "fwfm", "ffm"):
         try:

@@ -66,7 +66,13 @@ class CSR:
     row buckets used by the Pallas kernels (:class:`RowBuckets`). Both need
     concrete arrays: build a ``CSR`` outside ``jax.jit`` and pass it in; inside
     a traced function it is an ordinary pytree (leaves ``data``, ``indices``,
-    ``indptr`` and the bucket row lists; ``shape`` and the bucket widths are static).
+    ``indptr``, the bucket row lists and the optional field-slot table;
+    ``shape`` and the bucket widths are static).
+
+    :meth:`with_field_slots` adds a second layout for one-hot rows (at most one
+    nonzero per field, the usual click-through-rate case): an ``(n, f)`` table
+    of the position of each row's nonzero in each field, which the FwFM
+    kernel reads instead of per-pair field lookups.
 
     Attributes:
         data: ``(nnz,)`` float values (float32, float64 or 16-bit).
@@ -75,7 +81,12 @@ class CSR:
         shape: ``(n, p)``.
         buckets: static :class:`RowBuckets`.
         bucket_rows: one int32 array of row ids per bucket.
+        field_slots: ``None``, or the ``(n, f)`` int32 table of
+            :meth:`with_field_slots` (position in ``data`` of row ``r``'s
+            nonzero of field ``s``, ``-1`` where the row has none).
     """
+
+    field_slots: Int[Array, "n f"] | None = None
 
     def __init__(self, data: Float[Array, " nnz"], indices: Int[Array, " nnz"],
                  indptr: Int[Array, " n1"], shape: tuple[int, int]):
@@ -183,6 +194,56 @@ class CSR:
         children, aux = self.tree_flatten()
         return CSR.tree_unflatten(aux, (data, *children[1:]))
 
+    def with_field_slots(self, field_ids: Int[Array, " p"], n_fields: int | None = None) -> CSR:
+        """The same matrix carrying a field-slot table for one-hot rows (built once, on the host).
+
+        Slot ``(r, s)`` of the table holds the position in ``data``/``indices``
+        of row ``r``'s stored entry whose feature has field ``s``, or ``-1``.
+        Kernels that read it check, per row, that every nonzero still sits in
+        its own field's slot for the ``field_ids`` they are given, and fall
+        back to the row-bucket layout when one does not.
+
+        Args:
+            field_ids: concrete ``(p,)`` integer field of each feature.
+            n_fields: number of fields ``f`` (table width); default
+                ``max(field_ids) + 1``.
+
+        Raises:
+            TypeError: ``field_ids`` is a tracer or not integer.
+            ValueError: ``field_ids`` has the wrong shape or lies outside
+                ``[0, n_fields)``, or a row stores two entries of one field
+                (the table needs at most one per field; use the CSR as it is).
+        """
+        if isinstance(field_ids, jax.core.Tracer):
+            raise TypeError("CSR.with_field_slots: field_ids must be a concrete array, got a "
+                            "tracer")
+        fields = np.asarray(field_ids)
+        n, p = self.shape
+        if fields.shape != (p,):
+            raise ValueError(f"CSR.with_field_slots: field_ids must have shape (p,) = ({p},), "
+                             f"got {fields.shape=}")
+        if not np.issubdtype(fields.dtype, np.integer):
+            raise TypeError(f"CSR.with_field_slots: field_ids must hold integers, got "
+                            f"{fields.dtype=}")
+        f = int(fields.max(initial=-1)) + 1 if n_fields is None else int(n_fields)
+        if p and (fields.min() < 0 or fields.max() >= f):
+            bad = int(np.argmax((fields < 0) | (fields >= f)))
+            raise ValueError(f"CSR.with_field_slots: field_ids must lie in [0, n_fields={f}), "
+                             f"got field_ids[{bad}]={fields[bad]}")
+        indptr = np.asarray(self.indptr)
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        slot = rows * f + fields[np.asarray(self.indices)]
+        counts = np.bincount(slot, minlength=n * f)
+        if counts.size and counts.max() > 1:
+            bad = int(np.argmax(counts > 1))
+            r, s = divmod(bad, f)
+            raise ValueError(f"CSR.with_field_slots: row {r} stores {counts[bad]} entries of "
+                             f"field {s}; the slot table holds at most one per field")
+        table = np.full(n * f, -1, dtype=_INDEX_DTYPE)
+        table[slot] = np.arange(self.nnz, dtype=_INDEX_DTYPE)
+        children, aux = self.tree_flatten()
+        return CSR.tree_unflatten(aux, (*children[:-1], jnp.asarray(table.reshape(n, f))))
+
     def to_dense(self) -> Float[Array, "n p"]:
         """Dense ``(n, p)`` array (duplicates, if any, summed). Works under ``jax.jit``."""
         n, p = self.shape
@@ -203,13 +264,13 @@ class CSR:
     # -- pytree -------------------------------------------------------------------------------
 
     def tree_flatten(self):
-        children = (self.data, self.indices, self.indptr, self.bucket_rows)
+        children = (self.data, self.indices, self.indptr, self.bucket_rows, self.field_slots)
         return children, (self.shape, self.buckets)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        obj.data, obj.indices, obj.indptr, obj.bucket_rows = children
+        obj.data, obj.indices, obj.indptr, obj.bucket_rows, obj.field_slots = children
         obj.shape, obj.buckets = aux
         return obj
 

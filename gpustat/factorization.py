@@ -253,8 +253,13 @@ def fwfm_predict(X: CSR | Float[Array, "n p"], field_ids: Int[Array, " p"],
     upper triangle of ``R`` (diagonal included) is read, and its gradient is zero
     below the diagonal. ``R = 1`` everywhere gives the FM with the same ``V``.
 
+    One-hot rows (at most one nonzero per field) score fastest as a CSR carrying
+    its field-slot table, built once: ``X = X.with_field_slots(field_ids)``; the
+    kernel then needs no per-pair field lookup (``docs/factorization.md``).
+
     Args:
-        X: ``(n, p)`` rows: a :class:`CSR`, a scipy sparse matrix or a dense array.
+        X: ``(n, p)`` rows: a :class:`CSR` (with or without a field-slot table),
+            a scipy sparse matrix or a dense array.
         field_ids: ``(p,)`` integer field of each feature, in ``[0, f)``.
         w0: bias, ``()``; multiclass ``(c,)``.
         w: linear weights ``(p,)``; multiclass ``(c, p)``.

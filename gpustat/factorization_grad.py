@@ -108,7 +108,7 @@ def _backward(model: str, X: CSR, field_ids, params, g):
             fa, fb = fields[:, :, None], fields[:, None, :]
             d_R = d_R.at[jnp.minimum(fa, fb), jnp.maximum(fa, fb)].add(gr[:, None, None] * d_pair)
     d_X = CSR.tree_unflatten(X.tree_flatten()[1], (d_data[: X.nnz].astype(X.data.dtype), None,
-                                                   None, (None,) * len(X.bucket_rows)))
+                                                   None, (None,) * len(X.bucket_rows), None))
     return (d_X, None, _cast_like(jnp.sum(g), w0), _cast_like(d_w, w), _cast_like(d_V, V),
             _cast_like(d_R, R))
 

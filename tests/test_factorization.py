@@ -11,7 +11,7 @@ from gpustat._backend import BackendUnavailableError, cuda_gpu_available
 from gpustat.csr import CSR
 from tests.helpers import assert_close, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_problem
+from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
 
 P = make_problem(seed=11, row_lengths=(0, 2, 3, 1, 4))
 X = CSR.from_scipy(P.X)
@@ -35,12 +35,12 @@ def _args(model, classes=None):
     return args
 
 
-def _predict(model, X, args, backend):
+def _predict(model, X, args, backend, fid=FID):
     if model == "fm":
         return fz.fm_predict(X, *args, backend=backend)
     if model == "ffm":
-        return fz.ffm_predict(X, FID, *args, backend=backend)
-    return fz.fwfm_predict(X, FID, *args, backend=backend)
+        return fz.ffm_predict(X, fid, *args, backend=backend)
+    return fz.fwfm_predict(X, fid, *args, backend=backend)
 
 
 def _oracle(model, args):
@@ -83,21 +83,67 @@ def test_vmap_over_parameter_sets_and_dense_rows():
     assert_close(rows[:, 0], _oracle("fm", _args("fm")), rtol=1e-12, atol=1e-12)
 
 
-def test_gradients_through_kernel_path_match_reference_autodiff():
-    """grad of the public op (interpret kernel forward + custom VJP) vs autodiff of the reference."""
-    args = _args("ffm")
-    from gpustat.reference.factorization import ffm_scores
+def _reference_scores(model, X, fid, args):
+    from gpustat.reference import factorization as ref
 
-    def loss_public(d, w0, w, V):
-        return jnp.sum(jnp.sin(fz.ffm_predict(X.with_data(d), FID, w0, w, V,
-                                              backend="interpret")))
+    if model == "fm":
+        return ref.fm_scores(X, *args)
+    if model == "ffm":
+        return ref.ffm_scores(X, fid, *args)
+    return ref.fwfm_scores(X, fid, *args)
 
-    def loss_reference(d, w0, w, V):
-        return jnp.sum(jnp.sin(ffm_scores(X.with_data(d), FID, w0, w, V)))
 
-    got = jax.jit(jax.grad(loss_public, argnums=(0, 1, 2, 3)))(X.data, *args)
-    want = jax.jit(jax.grad(loss_reference, argnums=(0, 1, 2, 3)))(X.data, *args)
-    for g, e in zip(got, want):
+ONE_HOT = make_one_hot_problem(seed=4, n_rows=6)
+
+
+def _gradient_case(case, classes):
+    """(model, X, field_ids, parameters) of a gradient test case."""
+    if case != "fwfm_slots":
+        return case, X, FID, _args(case, classes)
+    # one-hot rows carrying the field-slot table, FwFM parameters sized for them
+    rng = np.random.default_rng(5)
+    P, lead = ONE_HOT, (() if classes is None else (classes,))
+    params = [rng.normal(size=lead + shape) for shape in
+              ((), P.w.shape, P.V.shape, P.R.shape)]
+    X_slots = CSR.from_scipy(P.X).with_field_slots(P.field_ids)
+    return "fwfm", X_slots, jnp.asarray(P.field_ids), [jnp.asarray(a) for a in params]
+
+
+def _slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+# every model once in CI (FwFM both with and without the field-slot table), the
+# other class counts under -m slow
+@pytest.mark.parametrize(("case", "classes"), [
+    ("fm", None), ("ffm", C), ("fwfm", C), ("fwfm_slots", None),
+    _slow("fm", C), _slow("ffm", None), _slow("fwfm", None), _slow("fwfm_slots", C),
+])
+def test_gradients_through_kernel_path_match_reference_autodiff(case, classes):
+    """grad of the public op (interpret kernel forward + custom VJP) w.r.t. the x values,
+    w0, w, V (and R) vs jax.grad of the reference scores, float64."""
+    model, X_, fid, args = _gradient_case(case, classes)
+    n = X_.shape[0]
+    weights = jnp.linspace(0.5, 1.5, n * (classes or 1)).reshape((n, classes) if classes
+                                                                  else (n,))
+
+    def loss_public(d, *params):
+        return jnp.sum(weights * jnp.sin(_predict(model, X_.with_data(d), params, "interpret",
+                                                  fid)))
+
+    def loss_reference(d, *params):
+        def scores(*p):
+            return _reference_scores(model, X_.with_data(d), fid, p)
+
+        logits = scores(*params) if classes is None else jax.vmap(scores, out_axes=1)(*params)
+        return jnp.sum(weights * jnp.sin(logits))
+
+    argnums = tuple(range(len(args) + 1))
+    got = jax.jit(jax.grad(loss_public, argnums=argnums))(X_.data, *args)
+    want = jax.jit(jax.grad(loss_reference, argnums=argnums))(X_.data, *args)
+    assert len(got) == (5 if model == "fwfm" else 4)  # x values, w0, w, V (, R)
+    for g, e in zip(got, want, strict=True):
+        assert np.any(np.asarray(e) != 0)
         assert_close(g, e, rtol=tol(np.float64, "autodiff"), atol=1e-12)
 
 

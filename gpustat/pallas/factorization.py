@@ -1,4 +1,4 @@
-"""Pallas-Triton kernels for FM / FFM / FwFM scores of CSR rows.
+r"""Pallas-Triton kernels for FM / FFM / FwFM scores of CSR rows.
 
 One ``pallas_call`` per row bucket of the :class:`~gpustat.csr.CSR` (rows of
 length in ``(width/2, width]``); each program scores ``block_rows`` rows and
@@ -15,6 +15,19 @@ reads their nonzeros straight from ``X.indices``/``X.data`` through
   ``i`` and its parameter vectors are gathered from global memory (L1/L2 serve
   the repeats). Selecting element ``i`` out of the register chunk instead (a
   masked cross-thread reduction) was measured 1.3-2.5x slower on an H200.
+
+FwFM on a CSR carrying a field-slot table (:meth:`CSR.with_field_slots`, rows
+with at most one nonzero per field) takes a per-field kernel instead: with
+:math:`u_s = x_s v_s` the row's term in slot ``s`` and :math:`\bar r` the
+symmetric field weights with a zero diagonal (one nonzero per field: no
+same-field pairs), the pair sum is :math:`\tfrac12 \sum_{s,s'} \bar r_{ss'}
+\langle u_s, u_{s'}\rangle`. Each program gathers ``u`` for ``block_rows`` rows
+as an ``(f, block_rows * k)`` tile (slot-major, so ``R`` is one dense operand
+and no field id or weight is gathered per pair) and computes ``R u`` with one
+``jnp.dot`` at ``Precision.HIGHEST`` (IEEE float32 FMAs, not TF32; float64 stays
+float64). It also flags any row whose nonzero is not in its own field's slot
+for the ``field_ids`` given; :func:`fwfm_scores` then rescores with the
+row-bucket kernel, so a stale table can cost time but never a wrong score.
 
 Entries with ``x == 0`` (padding and explicit zeros) are masked out of every
 gather, so their parameters are never read. Accumulation is in the compute
@@ -33,9 +46,14 @@ from jax.experimental.pallas import triton as plt
 
 from gpustat.csr import CSR
 from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
-from gpustat.reference.factorization import assemble_scores, score_dtype
+from gpustat.reference.factorization import (
+    assemble_scores,
+    score_dtype,
+    symmetric_field_weights,
+)
 
-__all__ = ["ffm_scores", "fm_scores", "fwfm_scores", "kernel_settings"]
+__all__ = ["ffm_scores", "fm_scores", "fwfm_scores", "fwfm_slot_scores", "kernel_settings",
+           "slot_kernel_settings"]
 
 def kernel_settings(model: str, width: int, k: int) -> dict:
     """Default ``block_rows``, ``block_w``, ``num_warps`` for a bucket.
@@ -157,6 +175,83 @@ def _pair_kernel(rows_ref, indptr_ref, indices_ref, data_ref, fields_ref, w_ref,
                                      jnp.zeros((block_rows,), acc_dtype))
 
 
+def _fwfm_slots_kernel(slots_ref, indices_ref, data_ref, fields_ref, w_ref, V_ref, R_ref,
+                       out_ref, misplaced_ref, *, n_rows, n_fields, k):
+    """FwFM scores of ``block_rows`` one-hot rows from the field-slot table.
+
+    Tiles are slot-major, ``(fp, block_rows)``: slot ``s`` of every row of the
+    block along axis 0, so the factor tile ``u`` flattens to the ``(fp,
+    block_rows * kp)`` right operand of ``R_ref @ u`` (``R_ref`` is the
+    ``(fp, fp)`` symmetric, zero-diagonal, zero-padded field-weight matrix).
+    """
+    acc_dtype = out_ref.dtype
+    block_rows = out_ref.shape[0]
+    fp = R_ref.shape[0]
+    kp = next_pow2(k)
+    rows = pl.program_id(0) * block_rows + jnp.arange(block_rows)
+    s = jnp.arange(fp)
+    in_table = (s < n_fields)[:, None] & (rows < n_rows)[None, :]
+    pos = plt.load(slots_ref.at[rows[None, :] * n_fields + s[:, None]], mask=in_table, other=-1)
+    stored = pos >= 0
+    cols = plt.load(indices_ref.at[pos], mask=stored, other=0)
+    x = plt.load(data_ref.at[pos], mask=stored, other=0).astype(acc_dtype)
+    nonzero = x != 0
+    fields = plt.load(fields_ref.at[cols], mask=nonzero, other=0)
+    # a nonzero outside its own field's slot: the table does not fit these field_ids
+    misplaced_ref[...] = jnp.max(jnp.where(nonzero & (fields != s[:, None]), 1, 0), axis=0)
+    w = plt.load(w_ref.at[cols], mask=nonzero, other=0)
+    t = jnp.arange(kp)
+    v = plt.load(V_ref.at[cols[:, :, None] * k + t], mask=nonzero[:, :, None] & (t < k),
+                 other=0)
+    u = (v * x[:, :, None]).reshape(fp, block_rows * kp)  # u[s, (b, t)] = x_s V[c_s, t]
+    ru = jnp.dot(R_ref[...], u, precision=jax.lax.Precision.HIGHEST)
+    pairs = jnp.sum(jnp.sum((u * ru).reshape(fp, block_rows, kp), axis=2), axis=0)
+    out_ref[...] = jnp.sum(w * x, axis=0) + 0.5 * pairs
+
+
+def slot_kernel_settings(k: int) -> dict:
+    """Default ``block_rows``, ``num_warps`` of the field-slot FwFM kernel.
+
+    ``block_rows * next_pow2(k)`` is the dot's N: at least 16 (Triton's
+    smallest dot), 128 by default (``block_rows = 16`` at k = 8).
+    """
+    return {"block_rows": max(1, 128 // next_pow2(k)), "num_warps": 4}
+
+
+def fwfm_slot_scores(X: CSR, field_ids, w, V, R, acc_dtype, k: int, *, interpret: bool,
+                     block_rows: int | None = None, num_warps: int | None = None):
+    """(scores without ``w0`` (n,), per-row flag (n,) of a nonzero outside its field's slot).
+
+    Needs ``X.field_slots`` of width ``R.shape[0]``; parameters in ``acc_dtype``
+    (``w`` (p,), ``V`` flat (p * k,), ``R`` (f, f)); ``k`` factors.
+    """
+    n_rows, n_fields = X.field_slots.shape
+    if X.nnz == 0:  # nothing to gather: every score is the bias
+        return jnp.zeros((n_rows,), acc_dtype), jnp.zeros((n_rows,), jnp.int32)
+    settings = slot_kernel_settings(k)
+    # Triton dots need every dimension >= 16
+    block_rows = max(block_rows or settings["block_rows"], -(-16 // next_pow2(k)))
+    fp = max(16, next_pow2(n_fields))
+    weights = symmetric_field_weights(R)
+    weights = jnp.where(jnp.eye(n_fields, dtype=bool), 0, weights)
+    weights = jnp.pad(weights, (0, fp - n_fields))
+    n_blocks = max(1, -(-n_rows // block_rows))
+    padded = n_blocks * block_rows
+    call = pallas_call(
+        functools.partial(_fwfm_slots_kernel, n_rows=n_rows, n_fields=n_fields, k=k),
+        interpret=interpret,
+        num_warps=num_warps or settings["num_warps"],
+        grid=(n_blocks,),
+        in_specs=[pl.no_block_spec] * 7,
+        out_specs=[pl.BlockSpec((block_rows,), lambda b: (b,))] * 2,
+        out_shape=[jax.ShapeDtypeStruct((padded,), acc_dtype),
+                   jax.ShapeDtypeStruct((padded,), jnp.int32)],
+    )
+    scores, misplaced = call(X.field_slots.reshape(-1), X.indices, X.data,
+                             field_ids.astype(jnp.int32), w, V, weights)
+    return scores[:n_rows], misplaced[:n_rows]
+
+
 def _bucket_call(model: str, X: CSR, rows, width: int, params: tuple, acc_dtype, *,
                  interpret: bool, k: int, n_fields: int, block_rows: int | None,
                  block_w: int | None, num_warps: int | None):
@@ -199,8 +294,24 @@ def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
     params = (w.astype(dtype), V.astype(dtype).reshape(-1))
     if model != "fm":
         params = (field_ids.astype(jnp.int32), *params)
+    if model == "fwfm" and _has_slots(X, R):
+        return _fwfm_slots_or_buckets(X, w0, params, R.astype(dtype), dtype, k,
+                                      interpret=interpret, block_rows=block_rows,
+                                      block_w=block_w, num_warps=num_warps)
     if model == "fwfm":
         params = (*params, R.astype(dtype).reshape(-1))
+    return _bucket_scores(model, X, w0, params, dtype, interpret=interpret, k=k,
+                          n_fields=n_fields, block_rows=block_rows, block_w=block_w,
+                          num_warps=num_warps)
+
+
+def _has_slots(X: CSR, R) -> bool:
+    return X.field_slots is not None and X.field_slots.shape[1] == R.shape[0]
+
+
+def _bucket_scores(model: str, X: CSR, w0, params: tuple, dtype, *, interpret: bool, k: int,
+                   n_fields: int, block_rows, block_w, num_warps):
+    """Scores of every row by the row-bucket kernels (one call per bucket)."""
     per_bucket = [
         _bucket_call(model, X, rows, width, params, dtype, interpret=interpret, k=k,
                      n_fields=n_fields, block_rows=block_rows, block_w=block_w,
@@ -208,6 +319,22 @@ def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
         for rows, width in zip(X.bucket_rows, X.buckets.widths, strict=True)
     ]
     return assemble_scores(X, jnp.asarray(w0, dtype), per_bucket)
+
+
+def _fwfm_slots_or_buckets(X: CSR, w0, params: tuple, R, dtype, k: int, *, interpret: bool,
+                           block_rows, block_w, num_warps):
+    """Field-slot kernel; the row-bucket kernel instead if a row's table does not fit."""
+    field_ids, w, V = params
+    scores, misplaced = fwfm_slot_scores(X, field_ids, w, V, R, dtype, k, interpret=interpret,
+                                         block_rows=block_rows, num_warps=num_warps)
+    slotted = scores + jnp.asarray(w0, dtype)
+
+    def by_buckets():
+        return _bucket_scores("fwfm", X, w0, (*params, R.reshape(-1)), dtype,
+                              interpret=interpret, k=k, n_fields=R.shape[0],
+                              block_rows=block_rows, block_w=block_w, num_warps=num_warps)
+
+    return jax.lax.cond(jnp.any(misplaced != 0), by_buckets, lambda: slotted)
 
 
 def fm_scores(X: CSR, w0, w, V, *, interpret: bool = False, **settings):
@@ -226,15 +353,16 @@ def fwfm_scores(X: CSR, field_ids, w0, w, V, R, *, interpret: bool = False, **se
 
 
 def _register_lowering_cases() -> None:
-    """One case per model and dtype: 100 rows of up to 64 nonzeros (two chunks of 32)."""
+    """One case per model (and FwFM's field-slot path) and dtype: 100 rows of up to 64
+    nonzeros (two chunks of 32)."""
     from gpustat.csr import RowBuckets
 
     n, p, n_fields, k, nnz = 100, 50, 5, 6, 3000
     shape = jax.ShapeDtypeStruct
 
-    def matrix(data, indices, indptr, rows):
+    def matrix(data, indices, indptr, rows, slots=None):
         return CSR.tree_unflatten(((n, p), RowBuckets((64,), True)),
-                                  (data, indices, indptr, (rows,)))
+                                  (data, indices, indptr, (rows,), slots))
 
     for dtype in (jnp.float32, jnp.float64):
         rows = [shape((nnz,), dtype), shape((nnz,), jnp.int32), shape((n + 1,), jnp.int32),
@@ -254,6 +382,12 @@ def _register_lowering_cases() -> None:
             "factorization", f"fwfm_{name}",
             lambda d, i, ip, r, f, w0, w, V, R: fwfm_scores(matrix(d, i, ip, r), f, w0, w, V, R),
             [*rows, fields, *linear, shape((p, k), dtype), shape((n_fields, n_fields), dtype)])
+        register_lowering_case(
+            "factorization", f"fwfm_slots_{name}",
+            lambda d, i, ip, r, s, f, w0, w, V, R: fwfm_scores(matrix(d, i, ip, r, s), f, w0, w,
+                                                               V, R),
+            [*rows, shape((n, n_fields), jnp.int32), fields, *linear, shape((p, k), dtype),
+             shape((n_fields, n_fields), dtype)])
 
 
 _register_lowering_cases()

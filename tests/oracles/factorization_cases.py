@@ -55,3 +55,28 @@ def make_problem(seed: int = 0, row_lengths=ROW_LENGTHS, p: int = N_FEATURES,
         V_ffm=rng.normal(size=(p, n_fields, k)),
         R=R,
     )
+
+
+def make_one_hot_problem(seed: int = 0, n_rows: int = 13, n_fields: int = 5, p: int = 23,
+                         k: int = 3) -> Problem:
+    """Rows with at most one nonzero per field (the field-slot layout's case).
+
+    Row 0 has every field, row 1 one nonzero, row 2 none; the others
+    hold a random subset of fields, each with a random feature of that field.
+    ``n_rows`` and ``n_fields`` default to non-powers of two.
+    """
+    rng = np.random.default_rng(seed)
+    field_ids = np.concatenate([np.arange(n_fields), rng.integers(0, n_fields, p - n_fields)])
+    rng.shuffle(field_ids)
+    rows, cols = [], []
+    for r in range(n_rows):
+        present = {0: list(range(n_fields)), 1: [int(rng.integers(n_fields))], 2: []}.get(
+            r, list(np.flatnonzero(rng.random(n_fields) < 0.7)))
+        for f in present:
+            rows.append(r)
+            cols.append(int(rng.choice(np.flatnonzero(field_ids == f))))
+    X = sp.csr_array((rng.normal(size=len(rows)), (rows, cols)), shape=(n_rows, p))
+    R = rng.normal(size=(n_fields, n_fields))
+    R[np.tril_indices(n_fields, -1)] = 1e3  # never read
+    return Problem(X=X, field_ids=field_ids, w0=float(rng.normal()), w=rng.normal(size=p),
+                   V=rng.normal(size=(p, k)), V_ffm=rng.normal(size=(p, n_fields, k)), R=R)

@@ -1,6 +1,7 @@
 """FM / FFM / FwFM Pallas kernels (interpret on CPU, compiled on a GPU) vs the per-pair oracle."""
 
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from gpustat.pallas import factorization as kernels
 from gpustat.pallas._common import LOWERING_CASES
 from tests.helpers import KernelTests, assert_close, assert_lowers_for_cuda, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_problem
+from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
 
 PROBLEM = make_problem()
 # small tiles: rows of width 8 take two chunks of 4, buckets span several grid steps
@@ -101,6 +102,90 @@ class TestScoringKernels(KernelTests):
         assert_close(actual, expected, rtol=1e-12, atol=1e-12)
 
 
+ONE_HOT = make_one_hot_problem()  # 13 rows, 5 fields, k = 3: a ragged last row block
+
+
+@functools.cache
+def _jitted_slots(interpret: bool, block_rows: int | None):
+    """The field-slot kernel alone: (scores without w0, per-row misplaced flags)."""
+    def call(X, f, w, V, R):
+        return kernels.fwfm_slot_scores(X, f, w, V.reshape(-1), R, w.dtype, V.shape[1],
+                                        interpret=interpret, block_rows=block_rows)
+
+    return jax.jit(call)
+
+
+def _slotted(P, dtype):
+    X = CSR.from_scipy(P.X, dtype=dtype).with_field_slots(P.field_ids)
+    return X, [jnp.asarray(a, dtype) for a in (P.w, P.V, P.R)]
+
+
+class TestFieldSlotKernel(KernelTests):
+    @pytest.mark.parametrize("block_rows", [None, 4])
+    @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+    def test_matches_oracle_and_flags_no_row(self, block_rows, dtype):
+        P = ONE_HOT
+        lengths = np.diff(P.X.indptr)
+        assert {0, 1, P.R.shape[0]} <= set(lengths.tolist())  # empty, single, full rows
+        X, (w, V, R) = _slotted(P, dtype)
+        scores, misplaced = _jitted_slots(self.backend == "interpret", block_rows)(
+            X, jnp.asarray(P.field_ids), w, V, R)
+        expected = oracle.fwfm_scores(P.X, P.field_ids, P.w0, P.w, P.V, P.R)
+        actual = np.asarray(scores) + P.w0
+        assert scores.dtype == dtype
+        bound = 1e-10 if dtype == np.float64 else 50 * tol(np.float32, "kernel")
+        assert np.max(np.abs(actual - expected) / np.maximum(np.abs(expected), 1)) < bound
+        assert not np.asarray(misplaced).any()
+
+    def test_single_row_and_unit_weights_give_fm(self):
+        P = make_one_hot_problem(seed=3, n_rows=1, n_fields=3, p=7, k=1)
+        X, (w, V, _) = _slotted(P, np.float64)
+        R = jnp.asarray(np.triu(np.ones((3, 3))) + np.tril(np.full((3, 3), 5.0), -1))
+        scores, misplaced = _jitted_slots(self.backend == "interpret", None)(
+            X, jnp.asarray(P.field_ids), w, V, R)
+        expected = oracle.fm_scores(P.X, P.w0, P.w, P.V)
+        np.testing.assert_allclose(np.asarray(scores) + P.w0, expected, rtol=1e-12, atol=1e-12)
+        assert scores.shape == (1,) and not np.asarray(misplaced).any()
+
+    def test_rows_without_nonzeros_score_zero(self):
+        import scipy.sparse as sp
+
+        X = CSR.from_scipy(sp.csr_array((2, 4))).with_field_slots(np.array([0, 1, 1, 0]))
+        scores, misplaced = _jitted_slots(self.backend == "interpret", None)(
+            X, jnp.asarray([0, 1, 1, 0]), jnp.ones(4), jnp.ones((4, 2)), jnp.ones((2, 2)))
+        np.testing.assert_array_equal(np.asarray(scores), 0.0)
+        assert not np.asarray(misplaced).any()
+
+    def test_table_that_does_not_fit_the_field_ids_falls_back_to_row_buckets(self):
+        P = ONE_HOT
+        X, (w, V, R) = _slotted(P, np.float64)
+        shifted = (P.field_ids + 1) % P.R.shape[0]  # every nonzero now outside its slot
+        _, misplaced = _jitted_slots(self.backend == "interpret", None)(
+            X, jnp.asarray(shifted), w, V, R)
+        lengths = np.diff(P.X.indptr)
+        np.testing.assert_array_equal(np.asarray(misplaced) != 0, lengths > 0)
+        actual = _jitted("fwfm", self.backend == "interpret", ())(
+            X, jnp.asarray(shifted), jnp.asarray(P.w0), w, V, R)
+        expected = oracle.fwfm_scores(P.X, shifted, P.w0, P.w, P.V, P.R)
+        assert np.max(np.abs(np.asarray(actual) - expected) / np.maximum(np.abs(expected), 1)
+                      ) < 1e-10
+
+    def test_public_kernel_entry_takes_the_slot_path(self):
+        P = ONE_HOT
+        X, (w, V, R) = _slotted(P, np.float64)
+        actual = _jitted("fwfm", self.backend == "interpret", ())(
+            X, jnp.asarray(P.field_ids), jnp.asarray(P.w0), w, V, R)
+        expected = oracle.fwfm_scores(P.X, P.field_ids, P.w0, P.w, P.V, P.R)
+        assert np.max(np.abs(np.asarray(actual) - expected) / np.maximum(np.abs(expected), 1)
+                      ) < 1e-10
+        with mock.patch.object(kernels, "fwfm_slot_scores", wraps=kernels.fwfm_slot_scores) as spy:
+            jax.make_jaxpr(functools.partial(kernels.fwfm_scores, interpret=True))(
+                X, jnp.asarray(P.field_ids), jnp.asarray(P.w0), w, V, R)
+            jax.make_jaxpr(functools.partial(kernels.fwfm_scores, interpret=True))(
+                CSR.from_scipy(P.X), jnp.asarray(P.field_ids), jnp.asarray(P.w0), w, V, R)
+        assert spy.call_count == 1  # the table was read; the plain CSR took the row buckets
+
+
 @pytest.mark.parametrize("case", [c for c in LOWERING_CASES if c.module == "factorization"],
                          ids=lambda c: c.name)
 def test_registered_cases_lower_for_cuda(case):
@@ -109,7 +194,8 @@ def test_registered_cases_lower_for_cuda(case):
 
 def test_every_model_and_dtype_has_a_lowering_case():
     names = {c.name for c in LOWERING_CASES if c.module == "factorization"}
-    assert names == {f"{m}_{d}" for m in ("fm", "ffm", "fwfm") for d in ("float32", "float64")}
+    assert names == {f"{m}_{d}" for m in ("fm", "ffm", "fwfm", "fwfm_slots")
+                     for d in ("float32", "float64")}
 
 
 def test_default_tiles_are_powers_of_two_and_bounded():
