@@ -210,7 +210,8 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
         keys = tl.load(keys_ptr + slots, mask=slots <= NUM_PIECES, other=float("inf"))
     else:  # keys: the Eytzinger tree of the interior breakpoints
         keys = tl.load(keys_ptr + slots)
-    columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
+    if CHUNKS > 1:  # read once, kept in registers across the blocks
+        columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
 
     lanes = tl.arange(0, BLOCK_N)
     start = tl.program_id(0) * (BLOCK_N * CHUNKS)
@@ -221,9 +222,10 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
     for j in range(CHUNKS):
         offsets = start + j * BLOCK_N + lanes
         x = _fold(x_next.to(dtype), lo, hi, MODE)
-        following = offsets + BLOCK_N
-        x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
-                         other=0, eviction_policy="evict_first")
+        if CHUNKS > 1:  # (one block: no prefetch registers held)
+            following = offsets + BLOCK_N
+            x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
+                             other=0, eviction_policy="evict_first")
         if UNIFORM:
             t = tl.floor((x - lo) * scale)
             t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
@@ -242,6 +244,8 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
                 node = 2 * node + go_right.to(tl.int32)
             index = node - (1 << LEVELS)
         u = x - knot
+        if CHUNKS == 1:  # read after the search: fewer registers live through it
+            columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
         y = _staged_coefficient(columns, 0, index, PAIRED).to(dtype)
         for k in tl.static_range(1, DEGREE + 1):
             y = _horner_step(y, _staged_coefficient(columns, k, index, PAIRED).to(dtype), u)
@@ -399,26 +403,27 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
-    """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces, n = 5000)."""
+    """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces)."""
     cases = []
-    for x_dtype, dtype, uniform, extrapolate, polys in [
-        (jnp.float32, jnp.float32, False, "extend", 0),  # 0: one polynomial, shared tables
-        (jnp.bfloat16, jnp.float32, True, "nan", 0),
-        (jnp.float64, jnp.float64, False, "periodic", 0),
-        (jnp.float64, jnp.float64, True, "clamp", 0),
-        (jnp.float16, jnp.float32, False, "clamp", 3),  # trailing polynomials, cached tables
-        (jnp.float64, jnp.float64, True, "periodic", 2),
+    for x_dtype, dtype, uniform, extrapolate, polys, size in [
+        # polys 0: one polynomial, shared tables; 2^23 points: the streaming defaults
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23),
+        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000),
+        (jnp.float64, jnp.float64, False, "periodic", 0, 5000),
+        (jnp.float64, jnp.float64, True, "clamp", 0, 1 << 23),
+        (jnp.float16, jnp.float32, False, "clamp", 3, 5000),  # trailing: cached tables
+        (jnp.float64, jnp.float64, True, "periodic", 2, 5000),
     ]:
         staged = polys == 0
         rows_shape = (256, 4) if staged else (polys, 256, 8 if uniform else 4)
-        settings = _settings(x_dtype, dtype, 5000, rows_shape, num_pieces=256, degree=3,
+        settings = _settings(x_dtype, dtype, size, rows_shape, num_pieces=256, degree=3,
                              extrapolate=extrapolate, uniform=uniform, block_n=None,
                              staged=staged)
         name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
-                f"{extrapolate},{'shared' if staged else f't={polys}'}]")
+                f"{extrapolate},{'shared' if staged else f't={polys}'},n={size}]")
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, x_dtype),
-                                 settings, 4))
+                                 settings, default_launch(dtype, size, staged)[1]))
     return tuple(cases)
 
 
