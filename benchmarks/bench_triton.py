@@ -15,7 +15,10 @@ FFM and FwFM, float32 and float64.
 Every kernel output is checked against XLA's reference at the benchmark size
 before it is timed. Each case records Pallas (its default settings, the ones
 ``"auto"`` runs), Triton (several launch settings; ``default`` marks the one the
-wrapper uses) and XLA; ``speedup_vs_pallas`` compares Triton with Pallas's default.
+wrapper uses) and XLA; ``speedup_vs_pallas`` compares Triton with Pallas's default. Piecewise cases
+also record ``triton_floor_one_piece``: the shared-memory kernel on one cubic piece
+(no search, broadcast lookups), the cost of the kernel's streaming structure alone,
+and at 2e6 points ``axpb``, a trivial ``a*x+b`` timed the same way.
 Without a CUDA GPU the script runs one tiny case of each kind in the interpreters (a smoke
 test). ``GPUSTAT_TRITON_CASES=piecewise`` (or ``factorization``) runs one group only.
 """
