@@ -109,11 +109,6 @@ def xla_em_iteration(X, params, precision=HIGHEST):
     return m_step(stats, reg_covar=1e-6), stats.loglik
 
 
-def kernel_em_iteration(X, params, **kw):
-    stats = kernels.suff_stats(X, params, interpret=INTERPRET, **kw)
-    return m_step(stats, reg_covar=1e-6), stats.loglik
-
-
 def _niw_and_sticks(key, stats, state, prior, sticks):
     k_niw, k_v = jax.random.split(key)
     drawn = sample_niw_posterior(k_niw, prior, stats)
@@ -148,12 +143,18 @@ def reference_em_iteration(X, params):
 
 # ------------------------------------------------------------------ cases
 
-TF32X3_CONFIGS = [dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=64),
-                  dict(block_n=128, block_k=32, num_warps=8, tiles_per_program=32),
-                  dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=64),
-                  dict(block_n=128, block_k=64, num_warps=8, tiles_per_program=32),
-                  dict(block_n=64, block_k=32, num_warps=8, tiles_per_program=64)]
-HIGHEST_CONFIGS = [TF32X3_CONFIGS[0], TF32X3_CONFIGS[1]]
+DENSITY_CONFIGS = [dict(block_n=64, block_k=32, num_warps=4),
+                   dict(block_n=64, block_k=64, num_warps=4),
+                   dict(block_n=64, block_k=128, num_warps=4),
+                   dict(block_n=128, block_k=64, num_warps=8),
+                   dict(block_n=128, block_k=128, num_warps=8),
+                   dict(block_n=128, block_k=32, num_warps=4)]
+STATS_CONFIGS = [dict(block_n=64, block_k=32, num_warps=8, moments="quadratic"),
+                 dict(block_n=64, block_k=32, num_warps=4, moments="quadratic"),
+                 dict(block_n=128, block_k=32, num_warps=8, moments="quadratic"),
+                 dict(block_n=64, block_k=64, num_warps=8, moments="quadratic"),
+                 dict(block_n=64, block_k=32, num_warps=4, moments="coordinate"),
+                 dict(block_n=64, block_k=64, num_warps=8, moments="coordinate")]
 
 
 def kernel_flop(n, p, k):
@@ -203,6 +204,42 @@ def check_precision_vs_float64(rec, X, params, settings):
     return errors
 
 
+def sweep_pieces(rec, X, params, precision, quick):
+    """Time the density pass and the statistics pass apart over block settings.
+
+    Returns the fastest setting of each (the EM iteration composes them).
+    """
+    n, p = X.shape
+    P = kernels.padded_features(p)
+    lse = jax.jit(lambda X: ref.log_prob(X, params))(X)
+    pieces = (
+        ("density", DENSITY_CONFIGS, 2 * n * K * p * P,
+         lambda cfg: (jax.jit(lambda X: kernels.log_prob(
+             X, params, precision=precision, interpret=INTERPRET, **cfg)), (X,))),
+        ("statistics", STATS_CONFIGS, 2 * n * K * p * P + 2 * n * K * P * (P + 1),
+         lambda cfg: (jax.jit(lambda X, lse: kernels.responsibility_stats(
+             X, params, lse, precision=precision, interpret=INTERPRET, **cfg)), (X, lse))),
+    )
+    best = {}
+
+    def one(piece, cfg, flop, make):
+        fn, args = make(cfg)
+        t = time_fn(fn, [args])
+        rec.record("em_pieces", shape=(n, p, K), dtype="float32", backend="pallas", timing=t,
+                   items=n, item_name="rows",
+                   extra={"piece": piece, "precision": precision, **cfg, "flop": flop,
+                          "tflops": flop / (t.median_ms * 1e-3) / 1e12})
+        if piece not in best or t.median_ms < best[piece][0]:
+            best[piece] = (t.median_ms, cfg)
+
+    for piece, configs, flop, make in pieces:
+        for cfg in configs[:1] if INTERPRET else configs[:-1] if quick else configs:
+            guarded(rec, "em_pieces", (n, p, K), {"piece": piece, "precision": precision, **cfg},
+                    lambda piece=piece, cfg=cfg, flop=flop, make=make: one(piece, cfg, flop,
+                                                                            make))
+    return {piece: cfg for piece, (_, cfg) in best.items()}
+
+
 def bench_em(rec, X, params, quick):
     n, p = X.shape
     shape = (n, p, K)
@@ -216,27 +253,34 @@ def bench_em(rec, X, params, quick):
     want = xla_step(X, params)[1]
     best = {}
 
-    def one(precision, cfg):
-        step = jax.jit(functools.partial(kernel_em_iteration, precision=precision, **cfg))
-        check_close(f"loglik {precision} {cfg}", step(X, params)[1], want, rtol=1e-4)
+    def one(precision, density_cfg, stats_cfg):
+        def step(X, params):
+            lse = kernels.log_prob(X, params, precision=precision, interpret=INTERPRET,
+                                   **density_cfg)
+            stats = kernels.responsibility_stats(X, params, lse, precision=precision,
+                                                 interpret=INTERPRET, **stats_cfg)
+            return m_step(stats, reg_covar=1e-6), stats.loglik
+
+        step = jax.jit(step)
+        check_close(f"loglik {precision}", step(X, params)[1], want, rtol=1e-4)
         t = time_fn(step, [(X, params)])
         rec.record("em_iteration", shape=shape, dtype="float32", backend="pallas", timing=t,
                    items=n, item_name="rows", baseline="xla_quadratic_gemm",
-                   extra={"precision": precision, **cfg,
+                   extra={"precision": precision, "density_blocks": density_cfg,
+                          "stats_blocks": stats_cfg,
                           "speedup_vs_xla": xla_t.median_ms / t.median_ms, "flop": flop,
                           "tflops": flop / (t.median_ms * 1e-3) / 1e12})
-        if precision not in best or t.median_ms < best[precision][0].median_ms:
-            best[precision] = (t, cfg)
+        best[precision] = (t, stats_cfg)
 
-    plan = [("tf32x3", cfg) for cfg in TF32X3_CONFIGS] + [("highest", cfg)
-                                                           for cfg in HIGHEST_CONFIGS]
-    if INTERPRET:
-        plan = [("highest", TF32X3_CONFIGS[0])]
-    elif quick:
-        plan = plan[:4] + plan[5:6]
-    for precision, cfg in plan:
-        guarded(rec, "em_iteration", shape, {"precision": precision, **cfg},
-                lambda precision=precision, cfg=cfg: one(precision, cfg))
+    # the block settings are swept at the first precision and reused for the second
+    precisions = ("highest",) if INTERPRET else ("tf32x3", "highest")
+    chosen = sweep_pieces(rec, X, params, precisions[0], quick)
+    print(f"fastest pieces ({precisions[0]}): {chosen}", flush=True)
+    if len(chosen) == 2:
+        for precision in precisions:
+            guarded(rec, "em_iteration", shape, {"precision": precision, **chosen},
+                    lambda precision=precision: one(precision, chosen["density"],
+                                                    chosen["statistics"]))
     return xla_t, best
 
 
@@ -248,24 +292,6 @@ def bench_reference_em(rec, X, params, xla_t):
                extra={"precision": "highest", "note": "what backend='auto' runs off-kernel",
                       "speedup_vs_xla": xla_t.median_ms / t.median_ms})
     return t
-
-
-def bench_pieces(rec, X, params, precision, cfg):
-    """The density pass and the statistics pass of the best setting, timed apart."""
-    n, p = X.shape
-    P = kernels.padded_features(p)
-    kw = dict(precision=precision, interpret=INTERPRET, **cfg)
-    density = jax.jit(lambda X: kernels.log_prob(X, params, **kw))
-    lse = density(X)
-    stats = jax.jit(lambda X, lse: kernels.responsibility_stats(X, params, lse, **kw))
-    for piece, fn, args, flop in (
-            ("density", density, (X,), 2 * n * K * p * P),
-            ("statistics", stats, (X, lse), 2 * n * K * p * P + 2 * n * K * P * (p + 1))):
-        t = time_fn(fn, [args])
-        rec.record("em_pieces", shape=(n, p, K), dtype="float32", backend="pallas", timing=t,
-                   items=n, item_name="rows",
-                   extra={"piece": piece, "precision": precision, **cfg, "flop": flop,
-                          "tflops": flop / (t.median_ms * 1e-3) / 1e12})
 
 
 def bench_sklearn(rec, X, params, kernel_ms):
@@ -352,10 +378,6 @@ def bench_at_1e6(rec, quick):
     for precision, (t, cfg) in best.items():
         print(f"best {precision}: {t.median_ms:.2f} ms {cfg} "
               f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
-    if best:
-        precision = "tf32x3" if "tf32x3" in best else "highest"
-        guarded(rec, "em_pieces", (N, P, K), {"precision": precision},
-                lambda: bench_pieces(rec, X, params, precision, best[precision][1]))
     guarded(rec, "em_iteration", (N, P, K), {"backend": "xla_reference"},
             lambda: bench_reference_em(rec, X, params, xla_t))
     bench_gibbs(rec, X, params, {prec: cfg for prec, (_, cfg) in best.items()})

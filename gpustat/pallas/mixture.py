@@ -74,7 +74,13 @@ PRECISIONS = {
     "highest": jax.lax.DotAlgorithmPreset.F32_F32_F32,
     "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
 }
-DEFAULT_BLOCKS = {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4}
+# Kernel settings per family: "density" (the log p(x) pass, mvn_logpdf) and "stats" (the
+# statistics passes; sampling uses them for its lse pass too, whose blocks it shares).
+DEFAULT_BLOCKS = {
+    "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
+    "stats": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 8,
+              "moments": "quadratic"},
+}
 
 
 def padded_features(p: int) -> int:
@@ -85,12 +91,6 @@ def padded_features(p: int) -> int:
 def _dot_algorithm(dtype, precision: str):
     """Dot algorithm for float32 (never plain TF32); None = native float64."""
     return None if jnp.dtype(dtype) == jnp.float64 else PRECISIONS[precision]
-
-
-def _dot_rows(u, v, algorithm):
-    """u^T v contracting the row axis: (block_n, a) x (block_n, b) -> (a, b)."""
-    return jax.lax.dot_general(u, v, (((0,), (0,)), ((), ())), precision=algorithm,
-                               preferred_element_type=u.dtype)
 
 
 def _whitening(params: MixtureParams, P: int, K: int, *, weighted: bool = True):
@@ -144,85 +144,109 @@ def _block_lse_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k,
     _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
 
 
-def _stats_init(block_k, P, p, dtype):
-    return (jnp.zeros((block_k,), dtype), jnp.zeros((block_k, P), dtype),
-            tuple(jnp.zeros((block_k, P), dtype) for _ in range(p)))
+def _stats_init(block_k, P, p, moments, dtype):
+    if moments == "coordinate":
+        s2 = tuple(jnp.zeros((P, block_k), dtype) for _ in range(p))
+    else:
+        s2 = jnp.zeros((P * P, block_k), dtype)
+    return jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype), s2
 
 
-def _add_stats(acc, x_ref, rows, x, r, algorithm):
-    """N += sum r, S1 += r^T x, S2[d] += (r x_d)^T x for every coordinate d (register accs)."""
+def _add_stats(acc, xt_ref, rows, r, moments, algorithm):
+    """N += sum r, S1 += x^T r, S2 += (x x^T)^T r over one row tile (register accumulators).
+
+    Rows are the contraction axis of every product, so the tile is read transposed
+    (xt (P, block_n), from X^T) and r (block_n, block_k) is the right operand as it
+    stands: no in-register transposes. ``moments`` picks the S2 products: "quadratic",
+    one (P*P, block_n) x (block_n, block_k) product of q = vec(x x^T); "coordinate",
+    p products (x * x_d)^T r of (P, block_n) x (block_n, block_k).
+    """
     counts, s1, s2 = acc
-    s2 = tuple(s2_d + _dot_rows(r * x_ref[rows, d][:, None], x, algorithm)
-               for d, s2_d in enumerate(s2))
-    return counts + jnp.sum(r, axis=0), s1 + _dot_rows(r, x, algorithm), s2
+    xt = xt_ref[:, rows]
+
+    def dot(a, b):
+        return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
+
+    if moments == "coordinate":
+        s2 = tuple(s2_d + dot(xt * xt_ref[d, rows][None, :], r) for d, s2_d in enumerate(s2))
+    else:
+        P, block_n = xt.shape
+        s2 = s2 + dot((xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n), r)
+    return counts + jnp.sum(r, axis=0), s1 + dot(xt, r), s2
 
 
 def _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k):
+    """This program's partials; S2 rows a * P + b (a < p for "coordinate") hold sum r x_a x_b."""
     kb, g = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(kb * block_k, block_k)
     counts, s1, s2 = acc
     counts_ref[g, cols] = counts
-    s1_ref[g, cols, :] = s1
-    for d, s2_d in enumerate(s2):
-        s2_ref[g, d, cols, :] = s2_d
+    s1_ref[g, :, cols] = s1
+    if isinstance(s2, tuple):
+        P = s1.shape[0]
+        for d, s2_d in enumerate(s2):
+            s2_ref[g, pl.ds(d * P, P), cols] = s2_d
+    else:
+        s2_ref[g, :, cols] = s2
 
 
-def _suff_stats_kernel(x_ref, w_ref, lse_ref, W_ref, m_ref, c_ref, counts_ref, s1_ref, s2_ref,
-                       *, block_n, block_k, tiles_per_program, n_tiles, algorithm):
-    kb = pl.program_id(0)
-
+def _run_stats(xt_ref, responsibilities_fn, outs, *, p, block_n, block_k, tiles_per_program,
+               n_tiles, moments, algorithm):
+    """Accumulate the statistics of ``responsibilities_fn(rows)`` over this program's tiles."""
     def body(t, acc):
         rows = pl.ds(t * block_n, block_n)
-        x = x_ref[rows, :]
-        logits = _block_logits(x, W_ref, m_ref, c_ref, kb, block_k, algorithm)
-        r = jnp.exp(logits - lse_ref[rows][:, None]) * w_ref[rows][:, None]
-        return _add_stats(acc, x_ref, rows, x, r, algorithm)
+        return _add_stats(acc, xt_ref, rows, responsibilities_fn(rows), moments, algorithm)
 
-    acc = _tile_loop(body, _stats_init(block_k, x_ref.shape[1], W_ref.shape[0], x_ref.dtype),
+    acc = _tile_loop(body, _stats_init(block_k, xt_ref.shape[0], p, moments, xt_ref.dtype),
                      tiles_per_program=tiles_per_program, n_tiles=n_tiles)
-    _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k)
+    _store_stats(acc, *outs, block_k)
 
 
-def _sample_stats_kernel(x_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, W_ref, m_ref, c_ref,
-                         label_ref, counts_ref, s1_ref, s2_ref, *, block_n, block_k,
-                         tiles_per_program, n_tiles, n_components, algorithm):
+def _suff_stats_kernel(x_ref, xt_ref, w_ref, lse_ref, W_ref, m_ref, c_ref, *outs, block_n,
+                       block_k, algorithm, **loop):
+    kb = pl.program_id(0)
+
+    def responsibilities(rows):
+        logits = _block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
+        return jnp.exp(logits - lse_ref[rows][:, None]) * w_ref[rows][:, None]
+
+    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
+               block_k=block_k, algorithm=algorithm, **loop)
+
+
+def _sample_stats_kernel(x_ref, xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, W_ref,
+                         m_ref, c_ref, label_ref, *outs, block_n, block_k, n_components,
+                         algorithm, **loop):
     kb = pl.program_id(0)
     component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
-    def body(t, acc):
-        rows = pl.ds(t * block_n, block_n)
-        x = x_ref[rows, :]
-        prob = jnp.exp(_block_logits(x, W_ref, m_ref, c_ref, kb, block_k, algorithm)
-                       - lse_ref[rows][:, None])
+    def responsibilities(rows):
+        prob = jnp.exp(_block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k,
+                                     algorithm) - lse_ref[rows][:, None])
         # inverse CDF inside the block: components whose cumulative probability is <= u
         cdf = start_ref[kb, rows][:, None] + jnp.cumsum(prob, axis=1)
         below = jnp.sum(cdf <= u_ref[rows][:, None], axis=1, dtype=jnp.int32)
         label = jnp.minimum(kb * block_k + jnp.minimum(below, block_k - 1), n_components - 1)
         mine = landing_ref[rows] == kb  # u_i lands in this block (from the lse pass)
         label_ref[kb, rows] = jnp.where(mine, label, 0)
-        r = (((label[:, None] == component) & mine[:, None]).astype(x.dtype)
-             * w_ref[rows][:, None])
-        return _add_stats(acc, x_ref, rows, x, r, algorithm)
+        onehot = (label[:, None] == component) & mine[:, None]
+        return onehot.astype(prob.dtype) * w_ref[rows][:, None]
 
-    acc = _tile_loop(body, _stats_init(block_k, x_ref.shape[1], W_ref.shape[0], x_ref.dtype),
-                     tiles_per_program=tiles_per_program, n_tiles=n_tiles)
-    _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k)
+    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
+               block_k=block_k, algorithm=algorithm, **loop)
 
 
-def _label_stats_kernel(x_ref, w_ref, label_ref, counts_ref, s1_ref, s2_ref, *, block_n,
-                        block_k, tiles_per_program, n_tiles, p, algorithm):
+def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, p, block_n, block_k, algorithm,
+                        **loop):
     kb = pl.program_id(0)
     component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
-    def body(t, acc):
-        rows = pl.ds(t * block_n, block_n)
-        x = x_ref[rows, :]
-        r = (label_ref[rows][:, None] == component).astype(x.dtype) * w_ref[rows][:, None]
-        return _add_stats(acc, x_ref, rows, x, r, algorithm)
+    def responsibilities(rows):
+        onehot = label_ref[rows][:, None] == component
+        return onehot.astype(xt_ref.dtype) * w_ref[rows][:, None]
 
-    acc = _tile_loop(body, _stats_init(block_k, x_ref.shape[1], p, x_ref.dtype),
-                     tiles_per_program=tiles_per_program, n_tiles=n_tiles)
-    _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k)
+    _run_stats(xt_ref, responsibilities, outs, p=p, block_n=block_n, block_k=block_k,
+               algorithm=algorithm, **loop)
 
 
 def _mvn_logpdf_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k, algorithm):
@@ -236,190 +260,175 @@ def _mvn_logpdf_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k,
 # Wrappers: same signatures as gpustat.reference.mixture (plus kernel settings).
 
 
-def _settings(block_n, block_k, tiles_per_program, num_warps):
-    return (block_n or DEFAULT_BLOCKS["block_n"], block_k or DEFAULT_BLOCKS["block_k"],
-            tiles_per_program or DEFAULT_BLOCKS["tiles_per_program"],
-            num_warps or DEFAULT_BLOCKS["num_warps"])
-
-
-def _layout(X, n_components, block_n, block_k):
-    """Pad rows to block_n and features to P; return (X_padded, n, P, K, n_tiles)."""
-    n, p = X.shape
-    P = padded_features(p)
-    K = -(-n_components // block_k) * block_k
-    Xp = pad_axis(jnp.pad(X, ((0, 0), (0, P - p))), 0, block_n)
-    return Xp, n, P, K, Xp.shape[0] // block_n
+def _settings(blocks: dict, family: str) -> dict:
+    """DEFAULT_BLOCKS[family] updated with the caller's non-None settings."""
+    defaults = DEFAULT_BLOCKS[family]
+    unknown = set(blocks) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown kernel settings {sorted(unknown)}; known: {list(defaults)}")
+    settings = {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
+    if settings.get("moments", "quadratic") not in ("quadratic", "coordinate"):
+        raise ValueError("moments must be 'quadratic' or 'coordinate', got "
+                         f"{settings['moments']!r}")
+    return settings
 
 
 def _full_spec(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-def _grouped_call(kernel, inputs, out_shape, *, n_blocks, n_tiles, tiles_per_program,
-                  interpret, num_warps, **static):
-    """Launch ``kernel`` on grid (component blocks, row groups) with whole-array refs."""
-    groups = -(-n_tiles // tiles_per_program)
-    return pallas_call(
-        functools.partial(kernel, tiles_per_program=tiles_per_program, n_tiles=n_tiles,
-                          **static),
-        interpret=interpret, num_warps=num_warps, grid=(n_blocks, groups),
-        in_specs=[_full_spec(a.shape) for a in inputs],
-        out_specs=[_full_spec(s.shape) for s in out_shape],
-        out_shape=out_shape,
-    )(*inputs)
+class _Layout:
+    """Padded rows (X and X^T) and the grid of one kernel family; see the module docstring."""
 
-
-def _stats_shapes(groups, K, P, p, dtype):
-    return [jax.ShapeDtypeStruct((groups, K), dtype),
-            jax.ShapeDtypeStruct((groups, K, P), dtype),
-            jax.ShapeDtypeStruct((groups, p, K, P), dtype)]
-
-
-def _sum_stats(counts, s1, s2, k, p, loglik):
-    """Sum the per-group partials and cut the padding: S2[j, d, b] = s2[d, j, b]."""
-    s2 = jnp.transpose(s2.sum(0), (1, 0, 2))
-    return SuffStats(counts.sum(0)[:k], s1.sum(0)[:k, :p], s2[:k, :, :p], loglik)
-
-
-class _Problem:
-    """Padded data and whitened coefficients shared by the wrappers."""
-
-    def __init__(self, X, params, *, precision, interpret, block_n, block_k,
-                 tiles_per_program, num_warps, weighted=True):
-        self.block_n, self.block_k, self.tiles, self.num_warps = _settings(
-            block_n, block_k, tiles_per_program, num_warps)
-        self.k, self.p = params.means.shape
-        self.Xp, self.n, P, self.K, self.n_tiles = _layout(X, self.k, self.block_n,
-                                                           self.block_k)
+    def __init__(self, X, n_components, *, precision, interpret, blocks, family="stats"):
+        s = _settings(blocks, family)
+        self.block_n, self.block_k = s["block_n"], s["block_k"]
+        self.tiles = s["tiles_per_program"]
+        self.num_warps, self.moments = s["num_warps"], s.get("moments")
+        self.n, self.p = X.shape
+        self.k = n_components
+        self.P = padded_features(self.p)
+        self.K = -(-n_components // self.block_k) * self.block_k
+        self.Xp = pad_axis(jnp.pad(X, ((0, 0), (0, self.P - self.p))), 0, self.block_n)
         self.n_pad = self.Xp.shape[0]
-        self.coefficients = _whitening(params, P, self.K, weighted=weighted)
-        self.algorithm = _dot_algorithm(X.dtype, precision)
-        self.interpret = interpret
+        self.n_tiles = self.n_pad // self.block_n
         self.n_blocks = self.K // self.block_k
         self.groups = -(-self.n_tiles // self.tiles)
+        self.algorithm = _dot_algorithm(X.dtype, precision)
+        self.interpret = interpret
 
-    def call(self, kernel, inputs, out_shape, **static):
-        return _grouped_call(kernel, inputs, out_shape, n_blocks=self.n_blocks,
-                             n_tiles=self.n_tiles, tiles_per_program=self.tiles,
-                             interpret=self.interpret, num_warps=self.num_warps,
-                             block_n=self.block_n, block_k=self.block_k,
-                             algorithm=self.algorithm, **static)
+    def pad_rows(self, a):
+        return jnp.pad(a, (0, self.n_pad - a.shape[0]))
+
+    def call(self, kernel, inputs, out_shape, *, stats=False, **static):
+        """Launch on grid (component blocks, row groups) with whole-array refs."""
+        if stats:
+            static.update(moments=self.moments)
+        kernel = functools.partial(kernel, tiles_per_program=self.tiles, n_tiles=self.n_tiles,
+                                   block_n=self.block_n, block_k=self.block_k,
+                                   algorithm=self.algorithm, **static)
+        return pallas_call(
+            kernel, interpret=self.interpret, num_warps=self.num_warps,
+            grid=(self.n_blocks, self.groups),
+            in_specs=[_full_spec(a.shape) for a in inputs],
+            out_specs=[_full_spec(s.shape) for s in out_shape], out_shape=out_shape,
+        )(*inputs)
+
+    def stats_shapes(self):
+        dtype = self.Xp.dtype
+        return [jax.ShapeDtypeStruct((self.groups, self.K), dtype),
+                jax.ShapeDtypeStruct((self.groups, self.P, self.K), dtype),
+                jax.ShapeDtypeStruct((self.groups, self.P * self.P, self.K), dtype)]
+
+    def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
+        """Sum the per-group partials and cut the padding (S2 rows a * P + b)."""
+        k, p, P = self.k, self.p, self.P
+        s2 = s2.sum(0).reshape(P, P, self.K)[:p, :p, :k]
+        return SuffStats(counts.sum(0)[:k], s1.sum(0)[:p, :k].T, jnp.transpose(s2, (2, 0, 1)),
+                         loglik)
+
+
+class _Problem(_Layout):
+    """The layout plus the whitened coefficients of the parameters."""
+
+    def __init__(self, X, params, *, weighted=True, **kw):
+        super().__init__(X, params.n_components, **kw)
+        self.coefficients = _whitening(params, self.P, self.K, weighted=weighted)
 
     def block_lse(self):
         """(blocks, n_pad) log-sum-exp of each component block's weighted logits."""
         out = jax.ShapeDtypeStruct((self.n_blocks, self.n_pad), self.Xp.dtype)
         return self.call(_block_lse_kernel, (self.Xp, *self.coefficients), [out])[0]
 
-    def stats_shapes(self):
-        return _stats_shapes(self.groups, self.K, self.Xp.shape[1], self.p, self.Xp.dtype)
 
-
-def _row_weights(X, sample_weight, n_pad):
+def _row_weights(X, sample_weight, layout: _Layout):
     w = jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
-    return jnp.pad(w, (0, n_pad - X.shape[0]))
+    return layout.pad_rows(w)
 
 
 def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
-             block_n: int | None = None, block_k: int | None = None,
-             tiles_per_program: int | None = None, num_warps: int | None = None):
-    """(n,) log p(x_i): per-block log-sum-exp kernel, combined over blocks by XLA."""
-    prob = _Problem(X, params, precision=precision, interpret=interpret, block_n=block_n,
-                    block_k=block_k, tiles_per_program=tiles_per_program, num_warps=num_warps)
+             **blocks):
+    """(n,) log p(x_i): per-block log-sum-exp kernel, combined over blocks by XLA.
+
+    ``blocks``: kernel settings overriding :data:`DEFAULT_BLOCKS` (here and below).
+    """
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks,
+                    family="density")
     return jax.nn.logsumexp(prob.block_lse(), axis=0)[:prob.n]
 
 
 def responsibility_stats(X, params: MixtureParams, log_prob_x, sample_weight=None, *,
                          precision: str = "highest", interpret: bool = False,
-                         block_n: int | None = None, block_k: int | None = None,
-                         tiles_per_program: int | None = None,
-                         num_warps: int | None = None) -> SuffStats:
+                         **blocks) -> SuffStats:
     """The statistics pass alone, given log p(x_i) (n,): N, sum r x, sum r x x^T, sum w log p."""
-    prob = _Problem(X, params, precision=precision, interpret=interpret, block_n=block_n,
-                    block_k=block_k, tiles_per_program=tiles_per_program, num_warps=num_warps)
-    lse = jnp.pad(log_prob_x, (0, prob.n_pad - prob.n))
-    w = _row_weights(X, sample_weight, prob.n_pad)
-    counts, s1, s2 = prob.call(_suff_stats_kernel, (prob.Xp, w, lse, *prob.coefficients),
-                               prob.stats_shapes())
-    return _sum_stats(counts, s1, s2, prob.k, prob.p, jnp.sum(w * lse))
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
+    lse = prob.pad_rows(log_prob_x)
+    w = _row_weights(X, sample_weight, prob)
+    partials = prob.call(_suff_stats_kernel, (prob.Xp, prob.Xp.T, w, lse, *prob.coefficients),
+                         prob.stats_shapes(), stats=True)
+    return prob.sum_stats(*partials, jnp.sum(w * lse))
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str = "highest",
-               interpret: bool = False, block_n: int | None = None, block_k: int | None = None,
-               tiles_per_program: int | None = None, num_warps: int | None = None) -> SuffStats:
+               interpret: bool = False, **blocks) -> SuffStats:
     """Fused E-step statistics: the log p(x) pass, then the per-component-block stats pass."""
-    settings = dict(precision=precision, interpret=interpret, block_n=block_n, block_k=block_k,
-                    tiles_per_program=tiles_per_program, num_warps=num_warps)
-    return responsibility_stats(X, params, log_prob(X, params, **settings), sample_weight,
-                                **settings)
+    density_blocks = {k: v for k, v in blocks.items() if k != "moments"}
+    lse = log_prob(X, params, precision=precision, interpret=interpret, **density_blocks)
+    return responsibility_stats(X, params, lse, sample_weight, precision=precision,
+                                interpret=interpret, **blocks)
 
 
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
-                           block_n: int | None = None, block_k: int | None = None,
-                           tiles_per_program: int | None = None,
-                           num_warps: int | None = None) -> SuffStats:
+                           **blocks) -> SuffStats:
     """Statistics of hard labels with one-hot responsibilities built in-kernel."""
-    block_n, block_k, tiles, num_warps = _settings(block_n, block_k, tiles_per_program,
-                                                   num_warps)
-    p = X.shape[1]
-    Xp, n, P, K, n_tiles = _layout(X, n_components, block_n, block_k)
-    w = _row_weights(X, sample_weight, Xp.shape[0])
-    labels = jnp.pad(labels.astype(jnp.int32), (0, Xp.shape[0] - n))
-    counts, s1, s2 = _grouped_call(
-        _label_stats_kernel, (Xp, w, labels), _stats_shapes(-(-n_tiles // tiles), K, P, p,
-                                                            X.dtype),
-        n_blocks=K // block_k, n_tiles=n_tiles, tiles_per_program=tiles, interpret=interpret,
-        num_warps=num_warps, block_n=block_n, block_k=block_k, p=p,
-        algorithm=_dot_algorithm(X.dtype, precision))
-    return _sum_stats(counts, s1, s2, n_components, p, jnp.zeros((), X.dtype))
+    layout = _Layout(X, n_components, precision=precision, interpret=interpret, blocks=blocks)
+    w = _row_weights(X, sample_weight, layout)
+    labels = layout.pad_rows(labels.astype(jnp.int32))
+    partials = layout.call(_label_stats_kernel, (layout.Xp.T, w, labels),
+                           layout.stats_shapes(), stats=True, p=layout.p)
+    return layout.sum_stats(*partials, jnp.zeros((), X.dtype))
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
-                             interpret: bool = False, block_n: int | None = None,
-                             block_k: int | None = None, tiles_per_program: int | None = None,
-                             num_warps: int | None = None):
+                             interpret: bool = False, **blocks):
     """Inverse-CDF draw per row fused with the statistics of the drawn labels.
 
     Returns (labels (n,) int32, log p(x) (n,), :class:`SuffStats` of the labels).
     """
-    prob = _Problem(X, params, precision=precision, interpret=interpret, block_n=block_n,
-                    block_k=block_k, tiles_per_program=tiles_per_program, num_warps=num_warps)
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
     part = prob.block_lse()
     lse = jax.nn.logsumexp(part, axis=0)
-    u = jnp.pad(jax.random.uniform(key, (prob.n,), dtype=X.dtype), (0, prob.n_pad - prob.n))
+    u = prob.pad_rows(jax.random.uniform(key, (prob.n,), dtype=X.dtype))
     # block masses -> exclusive prefix (start of each block's CDF) and the landing block:
     # the last block of positive mass whose start is <= u
     mass = jnp.exp(part - lse)
     start = jnp.cumsum(mass, axis=0) - mass
     block_ids = jnp.arange(prob.n_blocks, dtype=jnp.int32)[:, None]
     landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
-    w = _row_weights(X, None, prob.n_pad)  # 0 on padding rows
-    labels, counts, s1, s2 = prob.call(
-        _sample_stats_kernel, (prob.Xp, w, u, lse, start, landing, *prob.coefficients),
+    w = _row_weights(X, None, prob)  # 0 on padding rows
+    labels, *partials = prob.call(
+        _sample_stats_kernel,
+        (prob.Xp, prob.Xp.T, w, u, lse, start, landing, *prob.coefficients),
         [jax.ShapeDtypeStruct((prob.n_blocks, prob.n_pad), jnp.int32), *prob.stats_shapes()],
-        n_components=prob.k)
+        stats=True, n_components=prob.k)
     labels = jnp.sum(labels, axis=0)[:prob.n]
-    return labels, lse[:prob.n], _sum_stats(counts, s1, s2, prob.k, prob.p,
-                                             jnp.zeros((), X.dtype))
+    return labels, lse[:prob.n], prob.sum_stats(*partials, jnp.zeros((), X.dtype))
 
 
 def sample_labels(key, X, params: MixtureParams, *, precision: str = "highest",
-                  interpret: bool = False, return_log_prob: bool = False,
-                  block_n: int | None = None, block_k: int | None = None,
-                  tiles_per_program: int | None = None, num_warps: int | None = None):
+                  interpret: bool = False, return_log_prob: bool = False, **blocks):
     """One inverse-CDF categorical draw per row (uniforms as in the reference)."""
-    labels, lse, _ = sample_labels_with_stats(
-        key, X, params, precision=precision, interpret=interpret, block_n=block_n,
-        block_k=block_k, tiles_per_program=tiles_per_program, num_warps=num_warps)
+    labels, lse, _ = sample_labels_with_stats(key, X, params, precision=precision,
+                                              interpret=interpret, **blocks)
     return (labels, lse) if return_log_prob else labels
 
 
 def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
-               block_n: int | None = None, block_k: int | None = None,
-               num_warps: int | None = None):
+               **blocks):
     """(n, k) component log-densities, one (block_n, block_k) tile per program."""
-    prob = _Problem(X, params, precision=precision, interpret=interpret, block_n=block_n,
-                    block_k=block_k, tiles_per_program=1, num_warps=num_warps, weighted=False)
+    prob = _Problem(X, params, weighted=False, precision=precision, interpret=interpret,
+                    blocks=blocks, family="density")
     kernel = functools.partial(_mvn_logpdf_kernel, block_n=prob.block_n, block_k=prob.block_k,
                                algorithm=prob.algorithm)
     inputs = (prob.Xp, *prob.coefficients)
@@ -434,7 +443,7 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
 
 
 def _register_lowering_cases() -> None:
-    """One lowering case per kernel and dtype (n = 100 ragged rows, p = 16, k = 40)."""
+    """Lowering cases per kernel and dtype (n = 100 ragged rows, p = 16, k = 40)."""
     n, p, k = 100, 16, 40
 
     def params_of(dtype):
@@ -446,6 +455,10 @@ def _register_lowering_cases() -> None:
     cases = {
         "log_prob": lambda X, prm, _: log_prob(X, prm),
         "suff_stats": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
+        "suff_stats_coordinate_moments": lambda X, prm, _: suff_stats(X, prm,
+                                                                      moments="coordinate"),
+        # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
+        "suff_stats_small_blocks": lambda X, prm, _: suff_stats(X, prm, block_n=16, block_k=8),
         "mvn_logpdf": lambda X, prm, _: mvn_logpdf(X, prm),
         "sample_labels_with_stats": lambda X, prm, _: sample_labels_with_stats(
             jax.random.key(0), X, prm),

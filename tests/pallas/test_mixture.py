@@ -36,16 +36,18 @@ def kernel_rtol(dtype):
 
 
 # size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32
-# features. float32 is also covered at k = 256 below and by the label tests.
-CASES = [(1, 2, 1, np.float64), (37, 3, 9, np.float64), (50, 17, 9, np.float32)]
+# features. float32 is also covered at k = 256 below and by the label tests. The last
+# column picks the second-moment products of the statistics kernels.
+CASES = [(1, 2, 1, np.float64, "quadratic"), (37, 3, 9, np.float64, "coordinate"),
+         (50, 17, 9, np.float32, "quadratic")]
 
 
 class TestMixtureKernels(KernelTests):
     def compiled_kwargs(self):
         return dict(interpret=True) if self.backend == "interpret" else {}
 
-    @pytest.mark.parametrize("n,p,k,dtype", CASES)
-    def test_densities_and_suff_stats(self, n, p, k, dtype):
+    @pytest.mark.parametrize("n,p,k,dtype,moments", CASES)
+    def test_densities_and_suff_stats(self, n, p, k, dtype, moments):
         X, params, rng = make_case(n, p, k, dtype)
         kw = self.compiled_kwargs()
         rtol = kernel_rtol(dtype)
@@ -54,7 +56,7 @@ class TestMixtureKernels(KernelTests):
         assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, **kw, **STATS_BLOCKS)
+        got = kernels.suff_stats(X, params, w, moments=moments, **kw, **STATS_BLOCKS)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
@@ -80,8 +82,9 @@ class TestMixtureKernels(KernelTests):
         assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * 10)
         assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
         # the fused draw + statistics: statistics of the labels it drew, counted apart
-        fused_labels, _, fused = kernels.sample_labels_with_stats(key, X, params, **kw,
-                                                                  **STATS_BLOCKS)
+        fused_labels, _, fused = kernels.sample_labels_with_stats(
+            key, X, params, moments="coordinate" if dtype == np.float64 else "quadratic",
+            **kw, **STATS_BLOCKS)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
         assert_close(fused.counts, want.counts, rtol=0)
@@ -114,6 +117,14 @@ class TestMixtureKernels(KernelTests):
                                    **self.compiled_kwargs())
             err = np.max(np.abs(np.asarray(got, np.float64) - want))
             assert err < 1e-3, (precision, err)
+
+
+def test_kernel_settings_are_checked():
+    X, params, _ = make_case(4, 2, 2, np.float64)
+    with pytest.raises(TypeError, match="unknown kernel settings"):
+        kernels.log_prob(X, params, interpret=True, moments="quadratic")
+    with pytest.raises(ValueError, match="moments"):
+        kernels.suff_stats(X, params, interpret=True, moments="cubic")
 
 
 def sklearn_start(covariance_type, p, k):
