@@ -4,11 +4,12 @@ Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "inte
 and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
 "tf32x3" = three TF32 tensor-core products; plain TF32 is never used). float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
-p <= 32 features. "auto" always runs the reference, which the H200 benchmark
-shows faster than the fused kernels at the acceptance shape. On kernel paths the public ops
-shift X by sum_j w_j mu_j (by the data mean for labels) before the quadratic-feature
-logits and shift the moments back, so uncentred float32 data keep their accuracy; the
-drivers, which centre X themselves, call the kernels directly.
+p <= 32 features. "auto" always runs the reference, which the H100 benchmark
+measured as fast as or faster than the fused kernels at the acceptance shape. On
+kernel paths the public ops shift X by sum_j w_j mu_j (by the data mean for labels)
+before the whitened products x^T U_j and shift the moments back, so uncentred float32
+data keep their accuracy; the drivers, which centre X themselves, call the kernels
+directly.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ __all__ = [
 
 def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
     """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
-    # "auto" runs XLA's (chunked) reference: on an H200 at n=1e6, p=16, k=256 the
-    # quadratic-feature GEMM path took 12.2 ms per EM iteration against 29.8 ms for
-    # the fused kernels (benchmarks/results/nvidia-h200/mixture.jsonl).
+    # "auto" runs XLA's (chunked) reference: on an H100 at n=1e6, p=16, k=256 (float32,
+    # benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit f1c6c4b) one EM
+    # iteration took 39.9 ms there against 62.6 ms for the whitened kernels at the default
+    # precision="highest" (38.7 ms at "tf32x3", a tie). The statistics kernel was rewritten
+    # after that run (products on X^T, no transposes) and is not re-measured yet.
     return resolve_backend(
         backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
         auto_prefers_kernel=False,
@@ -61,8 +64,8 @@ def _prepare(X, params, op, backend, precision):
 
 
 def _centred(X, params: MixtureParams):
-    """X - s and the means - s, s = sum_j w_j mu_j: the kernels' quadratic-feature logits
-    cancel like |x - s|^2 eps, so a common shift near the data keeps float32 accurate."""
+    """X - s and the means - s, s = sum_j w_j mu_j: the kernels' products x^T U_j - mu_j^T U_j
+    cancel like |x - s| |U_j| eps, so a common shift near the data keeps float32 accurate."""
     shift = jnp.matmul(params.weights, params.means, precision=jax.lax.Precision.HIGHEST)
     return X - shift, dataclasses.replace(params, means=params.means - shift), shift
 
@@ -152,8 +155,9 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     """Fused E-step: N_j, sum_i r_ij x_i, sum_i r_ij x_i x_i^T and the log-likelihood.
 
     The kernel path never writes the n x m responsibility matrix: one pass computes
-    log p(x_i) (online log-sum-exp), a second recomputes each component block's
-    logits per row tile and accumulates the statistics in registers.
+    log p(x_i) (a log-sum-exp per component block, combined over blocks), a second
+    recomputes each component block's logits per row tile and accumulates the
+    statistics in registers.
 
     Args:
         X: (n, p) data, float32 or float64. The moments returned are raw (about the
