@@ -209,13 +209,23 @@ def _fwfm_slots_kernel(slots_ref, indices_ref, data_ref, fields_ref, w_ref, V_re
     out_ref[...] = jnp.sum(w * x, axis=0) + 0.5 * pairs
 
 
-def slot_kernel_settings(k: int) -> dict:
+def slot_kernel_settings(n_fields: int, k: int) -> dict:
     """Default ``block_rows``, ``num_warps`` of the field-slot FwFM kernel.
 
-    ``block_rows * next_pow2(k)`` is the dot's N: at least 16 (Triton's
-    smallest dot), 128 by default (``block_rows = 16`` at k = 8).
+    The tile is ``fp x block_rows x next_pow2(k)`` (``fp`` the padded field
+    count); it is held at 16384 elements, the best of the H100 sweep at
+    24 fields and k = 8 (``block_rows = 64``: 1.38 ms, against 1.5-2.2 ms for
+    8-32 rows or 8 warps; benchmarks/results/nvidia-h100-80gb-hbm3/factorization.jsonl,
+    commit c7ea0c2). ``block_rows * next_pow2(k)``, the dot's N, stays >= 16.
     """
-    return {"block_rows": max(1, 128 // next_pow2(k)), "num_warps": 4}
+    kp = next_pow2(k)
+    fp = _padded_fields(n_fields)
+    return {"block_rows": max(-(-16 // kp), 16384 // (fp * kp)), "num_warps": 4}
+
+
+def _padded_fields(n_fields: int) -> int:
+    """Slots per row in the kernel: a power of two, >= 16 (Triton's smallest dot)."""
+    return max(16, next_pow2(n_fields))
 
 
 def fwfm_slot_scores(X: CSR, field_ids, w, V, R, acc_dtype, k: int, *, interpret: bool,
@@ -228,10 +238,10 @@ def fwfm_slot_scores(X: CSR, field_ids, w, V, R, acc_dtype, k: int, *, interpret
     n_rows, n_fields = X.field_slots.shape
     if X.nnz == 0:  # nothing to gather: every score is the bias
         return jnp.zeros((n_rows,), acc_dtype), jnp.zeros((n_rows,), jnp.int32)
-    settings = slot_kernel_settings(k)
+    settings = slot_kernel_settings(n_fields, k)
     # Triton dots need every dimension >= 16
     block_rows = max(block_rows or settings["block_rows"], -(-16 // next_pow2(k)))
-    fp = max(16, next_pow2(n_fields))
+    fp = _padded_fields(n_fields)
     weights = symmetric_field_weights(R)
     weights = jnp.where(jnp.eye(n_fields, dtype=bool), 0, weights)
     weights = jnp.pad(weights, (0, fp - n_fields))

@@ -10,7 +10,7 @@ import pytest
 
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as kernels
-from gpustat.pallas._common import LOWERING_CASES
+from gpustat.pallas._common import LOWERING_CASES, next_pow2
 from tests.helpers import KernelTests, assert_close, assert_lowers_for_cuda, tol
 from tests.oracles import factorization_oracle as oracle
 from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
@@ -206,3 +206,8 @@ def test_default_tiles_are_powers_of_two_and_bounded():
                 assert s["block_w"] <= min(width, 32)
                 for key in ("block_rows", "block_w"):
                     assert s[key] & (s[key] - 1) == 0
+    for n_fields in (1, 5, 24, 100):
+        for k in (1, 3, 8, 64):
+            rows = kernels.slot_kernel_settings(n_fields, k)["block_rows"]
+            assert rows & (rows - 1) == 0 and rows * next_pow2(k) >= 16
+    assert kernels.slot_kernel_settings(24, 8)["block_rows"] == 64  # the H100 sweep's best
