@@ -161,6 +161,11 @@ def _check_field_ids(op: str, field_ids, p: int, n_fields: int):
 def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
     rows = _as_rows(op, X)
     params, n_classes = _check_params(op, model, rows.shape[1], field_ids, w0, w, V, R)
+    # "auto" takes the Pallas kernels on a CUDA GPU: each beat XLA's reference at the
+    # issue's CTR shape (H100 run of commit c7ea0c2, benchmarks/results/
+    # nvidia-h100-80gb-hbm3/factorization.jsonl: FM 1.12 vs 8.81 ms, FFM 7.18 vs 23.0 ms,
+    # FwFM 1.38 ms with a field-slot table or 3.50 ms on row buckets vs 5.22 ms); FFM in
+    # float64 takes the Triton kernel where gpustat.triton.AUTO_WINNERS says it won.
     path = resolve_backend(backend, op=op, has_triton=model != "fm")
     dtype = reference.score_dtype(rows.data, *(a for a in params[1:] if a is not None))
     path = auto_path(path, backend, "factorization", factorization_shape_class(model, dtype))
