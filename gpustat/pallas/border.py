@@ -60,10 +60,15 @@ _META_FIELDS = 7  # atom id, first row, rows, border width, H_tb / H_bb / g_b of
 class KernelConfig:
     """Tile rules: ``block_rows <= max_block_rows`` and ``d * block_rows * K <= tile_elems``
     (the ``H_tb`` tiles of one chunk); ``num_warps = clamp(block_rows * K / elems_per_warp,
-    1, max_warps)``."""
+    1, max_warps)``.
+
+    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit b8b3cb9,
+    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 64-row cap 11.9 ms, 128-row
+    cap 29-58 ms (128-row tiles spill with 1-2 warps, reduce slowly across 4-8).
+    """
 
     tile_elems: int = 4096
-    max_block_rows: int = 128
+    max_block_rows: int = 64
     elems_per_warp: int = 512
     max_warps: int = 4
 
@@ -180,12 +185,17 @@ def _gram(Y):
 
 def _schur_solve(S, rhs, k, ck):
     """Right-looking Cholesky of ``S`` ``(K, K)`` with the forward solve fused, then the
-    back solve: ``(delta_beta (K,), sum log pivots over the k real columns, any failed)``."""
+    back solve: ``(delta_beta (K,), sum log pivots over the k real columns, failed)``.
+
+    A failed pivot (``not (pivot > 0)``) leaves NaN on ``L_S``'s diagonal, so failure is
+    read off the diagonal after the loop as a vector reduction, the form the row pass
+    uses: a boolean scalar carried through the loop came back False on an H100.
+    """
     K = ck.shape[0]
     ii, jj = ck[:, None], ck[None, :]
 
     def column(j, carry):
-        S, L_S, z, rhs, log_det, bad = carry
+        S, L_S, z, rhs, log_det = carry
         col = jnp.sum(jnp.where(jj == j, S, 0.0), axis=1)
         pivot = jnp.sum(jnp.where(ck == j, col, 0.0))
         inv = jax.lax.rsqrt(pivot)
@@ -195,14 +205,14 @@ def _schur_solve(S, rhs, k, ck):
         z_j = jnp.sum(jnp.where(ck == j, rhs, 0.0)) * inv
         z = jnp.where(ck == j, z_j, z)
         rhs = rhs - jnp.where(ck > j, l * z_j, 0.0)
-        real = j < k
-        log_det += jnp.where(real, jnp.log(pivot), 0.0)
-        bad = bad | (real & ~(pivot > 0))
-        return S, L_S, z, rhs, log_det, bad
+        log_det += jnp.where(j < k, jnp.log(pivot), 0.0)
+        return S, L_S, z, rhs, log_det
 
     zero = jnp.zeros((), S.dtype)
-    _, L_S, z, _, log_det, bad = jax.lax.fori_loop(
-        0, K, column, (S, jnp.zeros_like(S), jnp.zeros_like(rhs), rhs, zero, jnp.bool_(False)))
+    _, L_S, z, _, log_det = jax.lax.fori_loop(
+        0, K, column, (S, jnp.zeros_like(S), jnp.zeros_like(rhs), rhs, zero))
+    diag = jnp.sum(jnp.where(ii == jj, L_S, 0.0), axis=1)
+    first_bad = jnp.min(jnp.where((ck < k) & ~(diag > 0), ck, _NO_ROW))
 
     # delta_beta = L_S^{-T} z, one column of L_S (= row of L_S^T) per step, last first.
     def back(step, x):
@@ -213,7 +223,7 @@ def _schur_solve(S, rhs, k, ck):
         z_j = jnp.sum(jnp.where(ck == j, z, 0.0))
         return jnp.where(ck == j, (z_j - done) / l_jj, x)
 
-    return jax.lax.fori_loop(0, K, back, jnp.zeros_like(rhs)), log_det, bad
+    return jax.lax.fori_loop(0, K, back, jnp.zeros_like(rhs)), log_det, first_bad < _NO_ROW
 
 
 def _border_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
