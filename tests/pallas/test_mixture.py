@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 
-from gpustat import mixture
+from gpustat import mixture, mixture_ops
 from gpustat.mixture_params import MixtureParams
 from gpustat.pallas import mixture as kernels
 from gpustat.reference import mixture as ref
@@ -171,3 +171,23 @@ class TestBatchedRestartsThroughKernels(KernelTests):
         want = mixture.fit_em(X, init, tol=0.0, max_iter=4, backend="reference")
         assert_close(got.restart_lower_bounds, want.restart_lower_bounds, rtol=1e-10)
         assert_close(got.params.means, want.params.means, rtol=1e-10, atol=1e-12)
+
+
+class TestGibbsDrawThroughKernels(KernelTests):
+    def test_fused_draw_equals_the_reference_draw_and_count(self, clustered):
+        """What a Gibbs sweep takes from the kernels (labels, log p, label statistics) equals
+        the reference's separate draw and count from the same key."""
+        X = jnp.asarray(clustered - clustered.mean(axis=0))
+        params = mixture.MixtureParams.from_covariances(
+            jnp.array([0.3, 0.3, 0.4]), X[jnp.array([0, 16, 32])],
+            jnp.broadcast_to(jnp.eye(3), (3, 3, 3)))
+        key = jax.random.key(7)
+        labels, lp, stats = mixture_ops.dispatch_sample_labels_with_stats(
+            key, X, params, path=self.backend, precision="highest")
+        want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
+        want = ref.suff_stats_from_labels(X, want_labels, 3)
+        np.testing.assert_array_equal(labels, want_labels)
+        assert_close(lp, want_lp, rtol=1e-12)
+        assert_close(stats.counts, want.counts, rtol=0)
+        assert_close(stats.sum_x, want.sum_x, rtol=1e-12, atol=1e-12)
+        assert_close(stats.sum_xx, want.sum_xx, rtol=1e-12, atol=1e-12)
