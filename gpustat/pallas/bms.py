@@ -6,15 +6,16 @@ Each wrapper has the signature of its :mod:`gpustat.reference.bms` counterpart p
 copies a large input.
 
 * ``_cell_moments_kernel``: ``block_cells`` cells per program, one cell per lane; the
-  384 Gauss-Legendre nodes are walked serially (two per loop step) into lane-local
-  running moment sums, skipped entirely when every cell of the block is affine;
-  affine cells use the closed form and the upward recurrence on (block_cells,) vectors.
-* ``_row_derivatives_kernel``: one row per program; its CSR cells stream through in
-  chunks of ``block_cells``, each chunk one (r, 4 block_cells) x (4 block_cells, r) dot
-  for the quadratic form Σ_pq E_up E_vq T_{p+q} plus lane sums for the first
-  functionals D(E_u) and the D parts of the second jets; the implicit-function and
-  probit algebra is finalised on the (r, r) tile, symmetrised so that the stored
-  Hessian is bitwise symmetric.
+  384 Gauss-Legendre nodes are walked serially (one mirror pair per loop step) into
+  lane-local running moment sums, one per half of the cell, skipped entirely when
+  every cell of the block is affine; affine cells use the closed form and the upward
+  recurrence on (block_cells,) vectors.
+* ``_row_derivatives_kernel``: ``block_rows`` rows per program walk their CSR cells
+  in lock step (cell slot k of every row, masked past each row's count). Per row it
+  accumulates the first functionals D(E_u), the D parts of the second jets and the
+  quadratic form Σ_pq E_up E_vq T_{p+q} in an (r, r) register tile, symmetrised term
+  by term so that the finished Hessian is bitwise symmetric, then finalises the
+  implicit-function and probit algebra on the tile.
 * ``_joint_hvp_kernel`` / ``_joint_diagonal_kernel`` / ``_joint_dense_kernel``: each
   program streams ``steps`` blocks of ``block_rows`` row Hessians (the Hessian is
   read once for all directions of a multi-RHS HVP) and writes its own partial sums;
@@ -38,6 +39,7 @@ from gpustat.reference.bms import (
     AFFINE_TOL,
     GL_NODES,
     KAPPA,
+    STAGE2_ORDER,
     CellStatus,
     RowStatus,
     gauss_legendre,
@@ -58,11 +60,6 @@ def _finite(x):
 
 def _load(ref, idx, mask, other=0.0):
     return plt.load(ref.at[idx], mask=mask, other=other)
-
-
-def _dot_width(n):
-    """Padded size of an in-kernel dot dimension (float64 dots need M, K >= 16)."""
-    return max(16, next_pow2(n))
 
 
 # ----------------------------------------------------------------------------- Stage 1
@@ -93,28 +90,34 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
     c0, c1, c2, c3 = (jnp.where(finite_c, v, zero) for v in (c0, c1, c2, c3))
 
     # Gauss-Legendre on [mid - half, mid + half]: one cell per lane, the nodes walked
-    # serially (two per step, j and j + GL_NODES/2, for two independent exp chains), so
-    # each moment is a lane-local running sum (no cross-lane reductions). Skipped when
-    # every cell of the block takes an affine branch.
+    # serially into lane-local running moment sums (no cross-lane reductions), one
+    # mirror pair z = mid ± d per loop step (numpy's nodes and weights are exactly
+    # symmetric). The two halves keep separate sums: on a symmetric cell they are
+    # bitwise mirror images whatever the compiler contracts into FMAs, so odd moments
+    # come out exactly zero. Skipped when every cell of the block is affine.
     def gl_pair(j, carry):
-        acc, bad = carry
-        for node in (j, j + GL_NODES // 2):
-            z = mid + half * nodes_ref[node]
+        sums, bad = carry
+        node = GL_NODES - 1 - j                                   # t_node >= 0
+        d = half * nodes_ref[node]
+        hw = half * weights_ref[node]
+        new = []
+        for z, acc in zip((mid + d, mid - d), sums):
             eta = c0 + z * (c1 + z * (c2 + z * c3))
             qz = 0.5 * (z * z + eta * eta)
             bad = bad | ~_finite(qz)
-            term = (half * weights_ref[node]) * jnp.exp(-qz)
-            new = []
+            term = hw * jnp.exp(-qz)
+            half_sums = []
             for k in range(order + 1):
-                new.append(acc[k] + term)
+                half_sums.append(acc[k] + term)
                 term = term * z
-            acc = tuple(new)
-        return acc, bad
+            new.append(tuple(half_sums))
+        return tuple(new), bad
 
     needs_gl = jnp.max(jnp.where(live & ~affine, 1, 0).astype(jnp.int32))
     acc0 = tuple(zero for _ in range(order + 1))
-    gl, gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // 2), gl_pair,
-                                   (acc0, jnp.zeros(block_cells, jnp.bool_)))
+    (upper, lower), gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // 2), gl_pair,
+                                               ((acc0, acc0), jnp.zeros(block_cells, jnp.bool_)))
+    gl = [p + q for p, q in zip(upper, lower)]
 
     # affine closed form: q(z) = d1 (z - μ)²/2 + α²/(2 d1), then the upward recurrence
     d0 = c0 * c1
@@ -185,128 +188,125 @@ def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_ce
 def _row_derivatives_kernel(offsets_ref, c_ref, m_ref, cell_status_ref, jet_ref, jet_a_ref,
                             jet_b_ref, mu1_ref, mu2_ref, e_obs_ref, chi_ref, xi_ref, rho_ref,
                             tau_ref, r_uv_ref, y_ref, w_ref,
-                            neglog_ref, grad_ref, hess_ref, status_ref, *, r, block_cells):
-    # One row per program; its cells stream through in chunks of block_cells. In a chunk,
-    # column k = 4c + q of a (r, 4 block_cells) tile belongs to cell c and jet order q:
-    # B[u, k] = E_uq (the cell's jet), A[u, k] = Σ_p E_up T_{p+q}, so that the quadratic
-    # form Σ_cells Σ_pq E_up E_vq T_{p+q} = Σ_chunks A Bᵀ, one dot (full precision) per
-    # chunk. The first functionals D(E_u) = κ Σ_p E_up m_p are lane sums of B * κ m_q.
-    row = pl.program_id(0)
-    start = offsets_ref[row]
-    count = offsets_ref[row + 1] - start
-    u = jnp.arange(_dot_width(r))
-    uu = u[:, None]
-    vv = u[None, :]
-    kk = jnp.arange(4 * block_cells)
-    q = kk % 4
+                            neglog_ref, grad_ref, hess_ref, status_ref, *, n, r, block_rows):
+    rows = pl.program_id(0) * block_rows + jnp.arange(block_rows)
+    live = rows < n
+    start = _load(offsets_ref, rows, live, 0)
+    count = _load(offsets_ref, rows + 1, live, 0) - start
+    u = jnp.arange(next_pow2(r))
+    uu = u[None, :, None]
+    vv = u[None, None, :]
     dtype = mu1_ref.dtype
+    vec = jnp.zeros((block_rows, u.shape[0]), dtype)
+    lane_r = u[None, :] < r
+    lane_b = (u[None, :] >= 1) & lane_r
 
-    def chunk(j, carry):
-        quad, first, d_a, d_b, failed = carry
-        slot = j * block_cells + kk // 4
-        valid = slot < count
-        cell = start + slot
-        # T_{p+q} of column k's cell, for p = 0..3
-        cc = [_load(c_ref, (cell, e), valid) for e in range(4)]
-        t = [KAPPA * sum(cc[e] * _load(m_ref, (cell, p + q + e), valid) for e in range(4))
-             for p in range(4)]
-        m_q = KAPPA * _load(m_ref, (cell, q), valid)
-        mask = valid[None, :] & (uu < r)
-        a = jnp.zeros((u.shape[0], kk.shape[0]), dtype)
-        b = a
+    def cell_step(k, carry):
+        first, d_a, d_b, quad, failed = carry
+        cell = start + k
+        valid = k < count
+        m = [_load(m_ref, (cell, j), valid) for j in range(STAGE2_ORDER + 1)]
+        c = [_load(c_ref, (cell, e), valid) for e in range(4)]
+        t = [KAPPA * (c[0] * m[n_] + c[1] * m[n_ + 1] + c[2] * m[n_ + 2] + c[3] * m[n_ + 3])
+             for n_ in range(7)]
+        mask = valid[:, None] & lane_r
+        mask_b = valid[:, None] & lane_b
+        jet = [_load(jet_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
+        jet_a = [_load(jet_a_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
+        jet_b = [_load(jet_b_ref, (cell[:, None], u[None, :] - 1, p), mask_b) for p in range(4)]
         for p in range(4):
-            e_p = _load(jet_ref, (cell[None, :], uu, p), mask)
-            a = a + e_p * t[p][None, :]
-            b = jnp.where(q[None, :] == p, e_p, b)
-        e_a = _load(jet_a_ref, (cell[None, :], uu, q[None, :]), mask)
-        e_b = _load(jet_b_ref, (cell[None, :], uu - 1, q[None, :]), mask & (uu >= 1))
-        quad = quad + jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())),
-                                          precision=jax.lax.Precision.HIGHEST,
-                                          preferred_element_type=dtype)
-        first = first + jnp.sum(b * m_q[None, :], axis=1)
-        d_a = d_a + jnp.sum(e_a * m_q[None, :], axis=1)
-        d_b = d_b + jnp.sum(e_b * m_q[None, :], axis=1)
-        failed = jnp.maximum(failed, jnp.max(_load(cell_status_ref, cell, valid, 0)))
-        return quad, first, d_a, d_b, failed
+            first = first + KAPPA * jet[p] * m[p][:, None]
+            d_a = d_a + KAPPA * jet_a[p] * m[p][:, None]
+            d_b = d_b + KAPPA * jet_b[p] * m[p][:, None]
+        # Σ_pq E_up E_vq T_{p+q} = Σ_q (EM)_uq E_vq with (EM)_uq = Σ_p E_up T_{p+q};
+        # accumulated as (EM)_uq E_vq + E_uq (EM)_vq, twice the (symmetric) form.
+        for q in range(4):
+            em = (jet[0] * t[q][:, None] + jet[1] * t[q + 1][:, None]
+                  + jet[2] * t[q + 2][:, None] + jet[3] * t[q + 3][:, None])
+            quad = quad + (em[:, :, None] * jet[q][:, None, :]
+                           + jet[q][:, :, None] * em[:, None, :])
+        failed = jnp.maximum(failed, _load(cell_status_ref, cell, valid, 0))
+        return first, d_a, d_b, quad, failed
 
-    vec = jnp.zeros(u.shape, dtype)
-    quad, first, d_a, d_b, failed = jax.lax.fori_loop(
-        0, (count + block_cells - 1) // block_cells, chunk,
-        (jnp.zeros((u.shape[0], u.shape[0]), dtype), vec, vec, vec, jnp.int32(0)))
+    quad0 = jnp.zeros((block_rows, u.shape[0], u.shape[0]), dtype)
+    first, d_a, d_b, quad, failed = jax.lax.fori_loop(
+        0, jnp.max(count), cell_step, (vec, vec, vec, quad0, jnp.zeros(block_rows, jnp.int32)))
 
-    # second[u, v] = D(U_uv) - Σ_pq E_up E_vq T_{p+q}; U has row/col 0 (a) and row/col 1 (b).
-    # quad + quadᵀ is bitwise symmetric (IEEE addition commutes).
-    d_u = jnp.where(uu == 0, d_a[None, :], jnp.where(
-        vv == 0, d_a[:, None], jnp.where(uu == 1, d_b[None, :], jnp.where(
-            vv == 1, d_b[:, None], 0.0))))
-    second = d_u - 0.5 * (quad + quad.T)
-    mu_1 = mu1_ref[row]
-    mu_2 = mu2_ref[row]
-    f_a = jnp.sum(jnp.where(u == 0, first, 0.0))
-    row_a = jnp.sum(jnp.where(uu == 0, second, 0.0), axis=0)      # second[0, v]
-    f_aa = jnp.sum(jnp.where(u == 0, row_a, 0.0))
+    # second[u, v] = D(U_uv) - Σ_pq E_up E_vq T_{p+q}; U has row/col 0 (a) and row/col 1 (b)
+    d_u = jnp.where(uu == 0, d_a[:, None, :], jnp.where(
+        vv == 0, d_a[:, :, None], jnp.where(uu == 1, d_b[:, None, :], jnp.where(
+            vv == 1, d_b[:, :, None], 0.0))))
+    second = d_u - 0.5 * quad
+    mu_1 = _load(mu1_ref, rows, live)
+    mu_2 = _load(mu2_ref, rows, live)
+    f_a = jnp.sum(jnp.where(u[None, :] == 0, first, 0.0), axis=1)
+    row_a = jnp.sum(jnp.where(uu == 0, second, 0.0), axis=1)       # second[0, v]
+    f_aa = jnp.sum(jnp.where(u[None, :] == 0, row_a, 0.0), axis=1)
     # the q-row: F depends on q only through -μ(q)
-    f_u = jnp.where(u == 0, -mu_1, first)
-    f_au = jnp.where(u == 0, 0.0, row_a)
-    f_uv = jnp.where((uu == 0) | (vv == 0), jnp.where((uu == 0) & (vv == 0), -mu_2, 0.0), second)
+    f_u = jnp.where(u[None, :] == 0, -mu_1[:, None], first)
+    f_au = jnp.where(u[None, :] == 0, 0.0, row_a)
+    f_uv = jnp.where((uu == 0) | (vv == 0),
+                     jnp.where((uu == 0) & (vv == 0), -mu_2[:, None, None], 0.0), second)
     inv = 1.0 / f_a
-    a_u = -f_u * inv
-    outer_a = a_u[:, None] * a_u[None, :]
-    a_uv = -((f_uv + (f_au[:, None] * a_u[None, :] + a_u[:, None] * f_au[None, :]))
-             + f_aa * outer_a) * inv
+    a_u = -f_u * inv[:, None]
+    outer_a = a_u[:, :, None] * a_u[:, None, :]
+    a_uv = -((f_uv + (f_au[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * f_au[:, None, :]))
+             + f_aa[:, None, None] * outer_a) * inv[:, None, None]
 
-    lane_r = u < r
-    mask_rr = (uu < r) & (vv < r)
-    rho = _load(rho_ref, (row, u), lane_r)
-    tau = _load(tau_ref, (row, u), lane_r)
-    r_uv = _load(r_uv_ref, (row, uu, vv), mask_rr)
-    chi = chi_ref[row]
-    xi = xi_ref[row]
-    e_u = chi * a_u + rho
-    e_uv = (((chi * a_uv + xi * outer_a)
-             + (tau[:, None] * a_u[None, :] + a_u[:, None] * tau[None, :])) + r_uv)
+    mask_r = live[:, None] & lane_r
+    mask_rr = live[:, None, None] & (uu < r) & (vv < r)
+    rho = _load(rho_ref, (rows[:, None], u[None, :]), mask_r)
+    tau = _load(tau_ref, (rows[:, None], u[None, :]), mask_r)
+    r_uv = _load(r_uv_ref, (rows[:, None, None], uu, vv), mask_rr)
+    chi = _load(chi_ref, rows, live)
+    xi = _load(xi_ref, rows, live)
+    e_u = chi[:, None] * a_u + rho
+    e_uv = (((chi[:, None, None] * a_uv + xi[:, None, None] * outer_a)
+             + (tau[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * tau[:, None, :])) + r_uv)
 
-    sign = 2.0 * y_ref[row] - 1.0
-    w = w_ref[row]
-    margin = sign * e_obs_ref[row]
+    sign = 2.0 * _load(y_ref, rows, live) - 1.0
+    w = _load(w_ref, rows, live)
+    margin = sign * _load(e_obs_ref, rows, live)
     log_cdf, mills = log_ndtr_and_mills(margin)
     d_e = -w * sign * mills
     d_ee = w * probit_curvature(margin)
     neglog = -w * log_cdf
-    grad = d_e * e_u
-    hess = d_ee * (e_u[:, None] * e_u[None, :]) + d_e * e_uv
+    grad = d_e[:, None] * e_u
+    hess = d_ee[:, None, None] * (e_u[:, :, None] * e_u[:, None, :]) + d_e[:, None, None] * e_uv
 
     degenerate = ~((f_a > 0) & (f_a < jnp.inf))
-    bad = jnp.maximum(jnp.max(jnp.where(_finite(grad) | ~lane_r, 0, 1)),
-                      jnp.max(jnp.max(jnp.where(_finite(hess) | ~mask_rr, 0, 1), axis=1)))
+    bad = jnp.maximum(jnp.max(jnp.where(_finite(grad), 0, 1), axis=1),
+                      jnp.max(jnp.max(jnp.where(_finite(hess), 0, 1), axis=2), axis=1))
     bad = jnp.maximum(bad, jnp.where(_finite(neglog), 0, 1))
     status = jnp.where(failed > 0, RowStatus.CELL_FAILED,
                        jnp.where(degenerate, RowStatus.DEGENERATE_FA,
                                  jnp.where(bad > 0, RowStatus.NON_FINITE_OUTPUT, RowStatus.OK)))
     nan_row = (failed > 0) | degenerate
-    neglog_ref[row] = jnp.where(nan_row, jnp.nan, neglog)
-    plt.store(grad_ref.at[row, u], jnp.where(nan_row, jnp.nan, grad), mask=lane_r)
+    plt.store(neglog_ref.at[rows], jnp.where(nan_row, jnp.nan, neglog), mask=live)
+    plt.store(grad_ref.at[rows[:, None], u[None, :]],
+              jnp.where(nan_row[:, None], jnp.nan, grad), mask=mask_r)
     # write the upper triangle to (u, v) and to (v, u): bitwise symmetric whatever the
     # compiler contracts into FMAs above
-    hess = jnp.where(nan_row, jnp.nan, hess)
-    plt.store(hess_ref.at[row, uu, vv], hess, mask=mask_rr & (uu <= vv))
-    plt.store(hess_ref.at[row, vv, uu], hess, mask=mask_rr & (uu < vv))
-    status_ref[row] = status.astype(jnp.int32)
+    hess = jnp.where(nan_row[:, None, None], jnp.nan, hess)
+    plt.store(hess_ref.at[rows[:, None, None], uu, vv], hess, mask=mask_rr & (uu <= vv))
+    plt.store(hess_ref.at[rows[:, None, None], vv, uu], hess, mask=mask_rr & (uu < vv))
+    plt.store(status_ref.at[rows], status.astype(jnp.int32), mask=live)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_cells", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps"))
 def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, cell_jet_a,
                     cell_jet_b, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w, *,
-                    interpret: bool = False, block_cells: int = 16, num_warps: int = 4):
-    """Kernel twin of :func:`gpustat.reference.bms.row_derivatives` (one row per program)."""
+                    interpret: bool = False, block_rows: int = 4, num_warps: int = 4):
+    """Kernel twin of :func:`gpustat.reference.bms.row_derivatives`."""
     dtype = compute_dtype(mu_1.dtype)
     n, r = rho.shape
     floats = [cell_c, cell_moments, cell_jet, cell_jet_a, cell_jet_b, mu_1, mu_2, e_obs, chi, xi,
               rho, tau, r_uv, y, w]
     floats = [x.astype(dtype) for x in floats]
-    kernel = functools.partial(_row_derivatives_kernel, r=r, block_cells=block_cells)
+    kernel = functools.partial(_row_derivatives_kernel, n=n, r=r, block_rows=block_rows)
     return tuple(pallas_call(
-        kernel, interpret=interpret, num_warps=num_warps, grid=(n,),
+        kernel, interpret=interpret, num_warps=num_warps,
+        grid=(pl.cdiv(n, block_rows),),
         in_specs=[_ANY] * 17, out_specs=[_ANY] * 4,
         out_shape=[jax.ShapeDtypeStruct((n,), dtype), jax.ShapeDtypeStruct((n, r), dtype),
                    jax.ShapeDtypeStruct((n, r, r), dtype), jax.ShapeDtypeStruct((n,), jnp.int32)],
@@ -332,6 +332,11 @@ def _row_block(first_block, step, block_rows, n):
 
 def _load_design(ref, rows, live, cols, width):
     return _load(ref, (rows[:, None], cols[None, :]), live[:, None] & (cols[None, :] < width))
+
+
+def _dot_width(n):
+    """Padded size of an in-kernel dot dimension (float64 dots need M, K >= 16)."""
+    return max(16, next_pow2(n))
 
 
 def _dot(a, b):
