@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
 
 from gpustat.csr import CSR
 from gpustat.reference.factorization import bucket_tiles, symmetric_field_weights
@@ -134,7 +135,10 @@ def _scores_bwd(model, forward, residuals, g):
 _scores.defvjp(_scores_fwd, _scores_bwd)
 
 
-def scores_with_vjp(model: str, forward: Callable, X: CSR, field_ids, w0, w, V, R=None):
+def scores_with_vjp(model: str, forward: Callable, X: CSR, field_ids: Int[Array, " p"] | None,
+                    w0: Float[Array, ""], w: Float[Array, " p"],
+                    V: Float[Array, "p k"] | Float[Array, "p f k"],
+                    R: Float[Array, "f f"] | None = None) -> Float[Array, " n"]:
     """Scores ``forward(X, field_ids, w0, w, V, R)`` with the closed-form backward above.
 
     This is the differentiable entry point training builds on: ``jax.grad`` /
@@ -146,6 +150,9 @@ def scores_with_vjp(model: str, forward: Callable, X: CSR, field_ids, w0, w, V, 
         forward: hashable callable computing the ``(n,)`` scores (kernel or reference).
         X: the rows, a :class:`~gpustat.csr.CSR`.
         field_ids: ``(p,)`` int field of each feature (``None`` for FM).
-        w0, w, V, R: single-class parameters (``R`` only for FwFM).
+        w0: bias ``()``.
+        w: linear weights ``(p,)``.
+        V: factors ``(p, k)`` (FFM: ``(p, f, k)``).
+        R: FwFM field weights ``(f, f)``; ``None`` for FM and FFM.
     """
     return _scores(model, forward, X, field_ids, w0, w, V, R)

@@ -113,11 +113,12 @@ def _slow(*values):
     return pytest.param(*values, marks=pytest.mark.slow)
 
 
-# every model once in CI (FwFM both with and without the field-slot table), the
-# other class counts under -m slow
+# every model once in CI (one of them multiclass; FwFM through the field-slot kernel,
+# which also traces the row-bucket fallback), the other cases under -m slow
 @pytest.mark.parametrize(("case", "classes"), [
-    ("fm", None), ("ffm", C), ("fwfm", C), ("fwfm_slots", None),
-    _slow("fm", C), _slow("ffm", None), _slow("fwfm", None), _slow("fwfm_slots", C),
+    ("fm", None), ("ffm", C), ("fwfm_slots", None),
+    _slow("fm", C), _slow("ffm", None), _slow("fwfm", None), _slow("fwfm", C),
+    _slow("fwfm_slots", C),
 ])
 def test_gradients_through_kernel_path_match_reference_autodiff(case, classes):
     """grad of the public op (interpret kernel forward + custom VJP) w.r.t. the x values,
