@@ -241,3 +241,37 @@ def test_top_level_reexports_when_present():
     for name in ("CSR", "fm_predict", "ffm_predict", "fwfm_predict"):
         if name in gpustat.__all__:
             assert getattr(gpustat, name) is getattr(fz, name)
+
+
+# -- field-slot layout -----------------------------------------------------------------------
+
+def test_field_slot_table_matches_brute_force_and_travels_through_jit():
+    P = ONE_HOT
+    X_slots = CSR.from_scipy(P.X).with_field_slots(P.field_ids, n_fields=7)
+    table = np.asarray(X_slots.field_slots)
+    assert table.shape == (P.X.shape[0], 7)
+    expected = np.full(table.shape, -1)
+    for r in range(P.X.shape[0]):
+        for pos in range(P.X.indptr[r], P.X.indptr[r + 1]):
+            expected[r, P.field_ids[P.X.indices[pos]]] = pos
+    np.testing.assert_array_equal(table, expected)
+    assert X.field_slots is None  # the plain CSR is unchanged
+    doubled = X_slots.with_data(2 * X_slots.data)
+    assert doubled.field_slots is X_slots.field_slots  # positions, not values
+    out = jax.jit(lambda M: M.field_slots + 1)(X_slots)
+    np.testing.assert_array_equal(np.asarray(out), table + 1)
+
+
+def test_field_slot_table_bad_input():
+    # P's rows hold same-field pairs: the table cannot hold them
+    with pytest.raises(ValueError, match=r"row \d+ stores \d+ entries of field"):
+        X.with_field_slots(P.field_ids)
+    one_hot = CSR.from_scipy(ONE_HOT.X)
+    with pytest.raises(ValueError, match=r"field_ids must lie in \[0, n_fields=3\)"):
+        one_hot.with_field_slots(ONE_HOT.field_ids, n_fields=3)
+    with pytest.raises(ValueError, match="field_ids must have shape"):
+        one_hot.with_field_slots(ONE_HOT.field_ids[:-1])
+    with pytest.raises(TypeError, match="field_ids must hold integers"):
+        one_hot.with_field_slots(ONE_HOT.field_ids.astype(float))
+    with pytest.raises(TypeError, match="concrete"):
+        jax.jit(lambda f: one_hot.with_field_slots(f).field_slots)(ONE_HOT.field_ids)
