@@ -69,6 +69,22 @@ print("max |FwFM(R=1) - FM| =", float(jnp.max(jnp.abs(fwfm_ones - fm))))
 print("max |FFM(tied) - FM| =", float(jnp.max(jnp.abs(ffm_tied - fm))))
 
 # %% [markdown]
+# ## One-hot rows: the field-slot table
+#
+# Every row here holds exactly one feature per field, so the CSR can carry an
+# `(n, F)` table of where each field's nonzero sits (`X.with_field_slots`, built
+# once on the host). On a GPU the FwFM kernel then scores a tile of rows with
+# one dense `R u` product instead of looking up a field pair per pair of
+# nonzeros (3.8x XLA on an H100, against 1.5x for the plain CSR). The scores are
+# the same either way.
+
+# %%
+X_slots = X.with_field_slots(field_ids)
+fwfm_slots = fz.fwfm_predict(X_slots, field_ids, -1.0, w_true, V_true, R_true)
+print("slot table", X_slots.field_slots.shape, "max |slots - plain| =",
+      float(jnp.max(jnp.abs(fwfm_slots - s_true))))
+
+# %% [markdown]
 # ## Fitting an FwFM with optax through the custom VJP
 #
 # `jax.grad` of a loss of `fwfm_predict` runs the closed-form backward (per-row
@@ -79,8 +95,8 @@ print("max |FFM(tied) - FM| =", float(jnp.max(jnp.abs(ffm_tied - fm))))
 
 # %%
 half = n_rows // 2
-X_train = fz.CSR.from_scipy(X_scipy[:half], dtype=np.float32)
-X_test = fz.CSR.from_scipy(X_scipy[half:], dtype=np.float32)
+X_train = fz.CSR.from_scipy(X_scipy[:half], dtype=np.float32).with_field_slots(field_ids)
+X_test = fz.CSR.from_scipy(X_scipy[half:], dtype=np.float32).with_field_slots(field_ids)
 y_train, y_test = y[:half], y[half:]
 
 
