@@ -60,25 +60,30 @@ def _reference_forward(model: str):
     return forward
 
 
-def _kernel_forward(model: str, interpret: bool):
+def _kernel_forward(model: str, interpret: bool, class_axis: str | None):
     def forward(X, field_ids, w0, w, V, R):
         if model == "fm":
             return kernels.fm_scores(X, w0, w, V, interpret=interpret)
         if model == "ffm":
             return kernels.ffm_scores(X, field_ids, w0, w, V, interpret=interpret)
-        return kernels.fwfm_scores(X, field_ids, w0, w, V, R, interpret=interpret)
+        return kernels.fwfm_scores(X, field_ids, w0, w, V, R, interpret=interpret,
+                                   class_axis=class_axis)
     return forward
 
 
+# name of the vmap over classes in multiclass calls (the FwFM kernel reduces over it)
+_CLASS_AXIS = "classes"
+
+
 @functools.cache
-def _forward(model: str, backend: str):
+def _forward(model: str, backend: str, class_axis: str | None = None):
     if backend == "reference":
         return _reference_forward(model)
     if backend == "triton":
         from gpustat.triton.factorization import scores_forward
 
         return scores_forward(model)
-    return _kernel_forward(model, interpret=backend == "interpret")
+    return _kernel_forward(model, backend == "interpret", class_axis)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -175,7 +180,7 @@ def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
 @functools.cache
 def _compiled_scores(model: str, path: str, multiclass: bool):
     """One jitted scorer per (model, backend, multiclass): eager calls reuse compilations."""
-    forward = _forward(model, path)
+    forward = _forward(model, path, _CLASS_AXIS if multiclass else None)
 
     def scores(rows, field_ids, w0, w, V, R):
         def one_class(w0, w, V, R):
@@ -184,7 +189,7 @@ def _compiled_scores(model: str, path: str, multiclass: bool):
         if not multiclass:
             return one_class(w0, w, V, R)
         in_axes = (0, 0, 0, None if R is None else 0)
-        return jax.vmap(one_class, in_axes=in_axes)(w0, w, V, R).T
+        return jax.vmap(one_class, in_axes=in_axes, axis_name=_CLASS_AXIS)(w0, w, V, R).T
 
     return jax.jit(scores)
 

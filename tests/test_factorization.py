@@ -73,6 +73,21 @@ def test_multiclass_logits_under_jit_match_per_class_oracle(backend):
                      atol=1e-12)
 
 
+def test_multiclass_fwfm_on_a_field_slot_table_branches_once_for_all_classes():
+    P = ONE_HOT
+    X_slots = CSR.from_scipy(P.X).with_field_slots(P.field_ids)
+    _, _, fid, args = _gradient_case("fwfm_slots", C)
+    logits = _predict("fwfm", X_slots, args, "interpret", fid)
+    for c in range(C):
+        assert_close(logits[:, c], oracle.fwfm_scores(P.X, P.field_ids, *[
+            np.asarray(a[c]) for a in args]), rtol=1e-12, atol=1e-12)
+    # the fallback predicate is reduced over the class vmap: a real branch, not a select
+    # that would run the row-bucket kernel as well
+    jaxpr = str(jax.make_jaxpr(lambda *a: _predict("fwfm", X_slots, a, "interpret", fid))(
+        *args))
+    assert "cond[" in jaxpr
+
+
 def test_vmap_over_parameter_sets_and_dense_rows():
     args = _args("fm", classes=3)
     batched = jax.vmap(lambda w0, w, V: fz.fm_predict(X, w0, w, V, backend="interpret"))(*args)

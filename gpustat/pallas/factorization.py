@@ -295,8 +295,8 @@ def _bucket_call(model: str, X: CSR, rows, width: int, params: tuple, acc_dtype,
 
 
 def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
-            block_rows: int | None = None, block_w: int | None = None,
-            num_warps: int | None = None):
+            class_axis: str | None = None, block_rows: int | None = None,
+            block_w: int | None = None, num_warps: int | None = None):
     dtype = score_dtype(*(a for a in (X.data, w0, w, V, R) if a is not None))
     k = V.shape[-1]
     n_fields = 0 if model == "fm" else (V.shape[1] if model == "ffm" else R.shape[0])
@@ -306,7 +306,8 @@ def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
         params = (field_ids.astype(jnp.int32), *params)
     if model == "fwfm" and _has_slots(X, R):
         return _fwfm_slots_or_buckets(X, w0, params, R.astype(dtype), dtype, k,
-                                      interpret=interpret, block_rows=block_rows,
+                                      interpret=interpret, class_axis=class_axis,
+                                      block_rows=block_rows,
                                       block_w=block_w, num_warps=num_warps)
     if model == "fwfm":
         params = (*params, R.astype(dtype).reshape(-1))
@@ -332,7 +333,7 @@ def _bucket_scores(model: str, X: CSR, w0, params: tuple, dtype, *, interpret: b
 
 
 def _fwfm_slots_or_buckets(X: CSR, w0, params: tuple, R, dtype, k: int, *, interpret: bool,
-                           block_rows, block_w, num_warps):
+                           class_axis: str | None, block_rows, block_w, num_warps):
     """Field-slot kernel; the row-bucket kernel instead if a row's table does not fit."""
     field_ids, w, V = params
     scores, misplaced = fwfm_slot_scores(X, field_ids, w, V, R, dtype, k, interpret=interpret,
@@ -344,7 +345,10 @@ def _fwfm_slots_or_buckets(X: CSR, w0, params: tuple, R, dtype, k: int, *, inter
                               interpret=interpret, k=k, n_fields=R.shape[0],
                               block_rows=block_rows, block_w=block_w, num_warps=num_warps)
 
-    return jax.lax.cond(jnp.any(misplaced != 0), by_buckets, lambda: slotted)
+    fallback = jnp.any(misplaced != 0)
+    if class_axis is not None:  # one decision for every class: an unbatched predicate
+        fallback = jax.lax.pmax(fallback.astype(jnp.int32), class_axis) > 0
+    return jax.lax.cond(fallback, by_buckets, lambda: slotted)
 
 
 def fm_scores(X: CSR, w0, w, V, *, interpret: bool = False, **settings):
@@ -357,9 +361,17 @@ def ffm_scores(X: CSR, field_ids, w0, w, V, *, interpret: bool = False, **settin
     return _scores("ffm", X, field_ids, w0, w, V, None, interpret=interpret, **settings)
 
 
-def fwfm_scores(X: CSR, field_ids, w0, w, V, R, *, interpret: bool = False, **settings):
-    """FwFM scores (n,) by the Pallas kernel; ``R`` is ``(F, F)``, upper triangle read."""
-    return _scores("fwfm", X, field_ids, w0, w, V, R, interpret=interpret, **settings)
+def fwfm_scores(X: CSR, field_ids, w0, w, V, R, *, interpret: bool = False,
+                class_axis: str | None = None, **settings):
+    """FwFM scores (n,) by the Pallas kernel; ``R`` is ``(F, F)``, upper triangle read.
+
+    ``class_axis``: the name of an enclosing ``jax.vmap`` over parameter sets
+    (classes), if any. With a field-slot table the fallback decision is then
+    taken once for all of them, so the vmapped ``lax.cond`` stays a branch
+    instead of becoming a select that runs both kernels.
+    """
+    return _scores("fwfm", X, field_ids, w0, w, V, R, interpret=interpret,
+                   class_axis=class_axis, **settings)
 
 
 def _register_lowering_cases() -> None:
