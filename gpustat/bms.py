@@ -224,8 +224,11 @@ def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
                          f"{hi.shape=}")
     if not isinstance(order, int) or not 0 <= order <= MAX_ORDER:
         raise ValueError(f"order must be an int in [0, {MAX_ORDER}], got {order=!r}")
-    # "auto" runs XLA's reference: on an H200 at 4.49e6 cells the GL-384 kernel took
-    # 97.5 ms against 30.6 ms (benchmarks/results/nvidia-h200/bms.jsonl).
+    # "auto" runs XLA's reference for now. The serial-node kernel measured 8.03 ms against
+    # XLA's 40.45 ms on an H100 at 4.49e6 cells (commit eac098d,
+    # benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl), but that run also failed the
+    # kernel's order-15 float64 GPU test; the fix (separate sums per half of each cell)
+    # has not run on a GPU yet. Switch to the kernel once `pytest -m gpu` passes.
     path = resolve_backend(backend, op="bms.cell_moments", auto_prefers_kernel=False)
     if path == "reference":
         return reference.cell_moments(lo, hi, c, order=order)
