@@ -105,6 +105,7 @@ class TestBmsKernels(KernelTests):
         hess = np.asarray(out[2])
         assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
 
+    @pytest.mark.slow
     def test_row_derivatives_ragged_rows_at_production_r(self):
         # r = 20 as in production; blocks of 4 rows walk their cells in lock step:
         # 13, 9, 4, 1 cells in the first block (the last cell failed), an empty row alone
