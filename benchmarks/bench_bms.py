@@ -14,6 +14,10 @@ the same size:
   the same run (it reads n r² doubles plus the designs), 1 direction and 8 directions
   (vs 8 single HVPs), and the XLA reference.
 * ``joint_diagonal`` and ``joint_dense``: kernel vs XLA reference.
+
+Order: the joint operators first (on the Stage-2 reference's Hessians), then Stage 1,
+then Stage 2. Kernel block settings are swept per case; a setting that fails to compile
+or to match is printed and skipped, and the fastest one is recorded.
 """
 
 from __future__ import annotations
