@@ -1,26 +1,23 @@
 """Benchmarks for batched border solves: the Pallas kernel vs the XLA reference and scipy.
 
 Acceptance case (issue): B = 100,000 atoms, n_a ~ U[8, 128], d = 2, k_a ~ U[4, 12],
-float64. Two numbers first. Bytes: the input is 6.8M rows x (4 + 2 + 2 k_a) + the
-borders ~ 1.2 GB (``input_bytes``, what the roofline fraction counts) and delta_t
-writes ~0.11 GB: at ~2.9 TB/s (H100 copy) ~0.45 ms. Flops: with K = 16 padding
-the Schur sums are 6.8M x 2 x 16^2 x 2 ~ 7 GFLOP of f64 DMMA (~67 TFLOP/s peak,
-~0.1 ms); the per-atom 16-column Cholesky is ~16 dependent steps of in-warp
-reductions (~2 us per atom, hidden by the other resident programs). Prediction for
-the one-program-per-atom kernel: 0.7-1 ms, memory/latency bound (~50% of copy),
-against ~50 ms for the XLA reference.
+float64. Input: 6.8M rows x (4 + 2 + 2 k_a) + the borders ~ 1.26 GB (``input_bytes``,
+what the roofline fraction counts).
 
-Outcome (H100, commit b8b3cb9, same run): 11.9 ms at best, 1.26 GB input = 106 GB/s,
-3.8% of the 2767 GB/s copy; XLA reference 49.7 ms. The prediction missed by 12x on
-the latency side: the per-bucket timings (``bucket_*`` cases) are flat per atom, not
-per byte (16- and 32-row buckets both ~65 ns per atom at 1 warp, i.e. ~8.7 us of SM
-time per atom), so the serial Schur Cholesky and back solve on a (K, K) tile, whose
-every step is a cross-lane reduction and layout change, set the time. See
-``docs/border.md`` for what comes next.
+The one-stage kernel (H100, b8b3cb9) took 11.9 ms (3.8% of copy): the serial
+16-column Schur Cholesky per program set the time (~65 ns per atom at 1 warp,
+flat in the rows). The three-stage solve takes it off that path. Prediction:
+stage 1 (row pass) reads the input once (1.26 GB) and writes S and r (100k x 272 x
+8 B = 0.22 GB): ~0.55 ms at ~2.7 TB/s if bandwidth-bound, ~1.5-2 ms if the
+per-program overhead of ~10-20 ns per atom remains; stage 2 (batched cuSOLVER
+Cholesky + two batched triangular solves on (100k, 16, 16)) reads S ~3x: ~0.1-1 ms;
+stage 3 re-reads the input (1.26 GB) and writes delta_t (0.11 GB): ~0.5 ms. Total
+~1.2-3.5 ms. ``stage_*`` cases time each stage alone.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -32,26 +29,25 @@ from scipy.linalg import cho_factor, cho_solve
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
 from gpustat.border import BorderBatch, solve_batched_border
 from gpustat.border_layout import BorderLayout
-from gpustat.pallas.border import KernelConfig, plan_buckets, solve_border_pallas
+from gpustat.pallas import border as kernels
+from gpustat.pallas.border import KernelConfig, solve_border_pallas
 
 RIDGE = 1e-6
 SCIPY_SAMPLE = 2000
 BENCH_ATOMS = 100_000
-# Config sweep (one program per atom; K = 16 for k_a in [4, 12]; one-chunk buckets of
-# block_rows 16, 32, 64 (128 with a 128-row cap), longer atoms streamed in chunks of the
-# cap). Warps per program = block_rows * K / elems_per_warp, at most max_warps. Measured
-# on an H100 (b8b3cb9): the per-atom cost is fixed (the serial 16-column Schur
-# Cholesky: ~65 ns per atom at 1 warp for 16- and 32-row buckets, 137 ns at 2 warps,
-# 550 ns at 4), so the candidates keep programs at 1-2 warps and cap the rows.
+# Config sweep: KernelConfig(tile_elems, max_block_rows, elems_per_warp, max_warps,
+# back_rows, back_warps). Row pass: one program per atom (K = 16 for k_a in [4, 12];
+# one-chunk buckets of 16, 32, 64 rows, longer atoms streamed in chunks of the cap), now
+# without the Schur Cholesky; back substitution: one program per chunk of back_rows rows.
 # --quick runs the first five, the default first.
 CONFIGS = {
-    "r64_e512_w4": KernelConfig(4096, 64, 512, 4),
-    "r32_e512_w4": KernelConfig(4096, 32, 512, 4),
-    "r64_e1024_w4": KernelConfig(4096, 64, 1024, 4),
-    "r16_e512_w4": KernelConfig(4096, 16, 512, 4),
-    "r128_e1024_w4": KernelConfig(4096, 128, 1024, 4),
-    "r128_e512_w4": KernelConfig(4096, 128, 512, 4),
-    "r128_e256_w8": KernelConfig(4096, 128, 256, 8),
+    "r64_b32w1": KernelConfig(4096, 64, 512, 4, 32, 1),
+    "r32_b32w1": KernelConfig(4096, 32, 512, 4, 32, 1),
+    "r64_b64w2": KernelConfig(4096, 64, 512, 4, 64, 2),
+    "r64_b16w1": KernelConfig(4096, 64, 512, 4, 16, 1),
+    "r128_b32w1": KernelConfig(4096, 128, 512, 4, 32, 1),
+    "r64_e1024_b32w1": KernelConfig(4096, 64, 1024, 4, 32, 1),
+    "r16_b32w1": KernelConfig(4096, 16, 512, 4, 32, 1),
 }
 
 
@@ -105,24 +101,48 @@ def scipy_seconds_per_atom(batch: BorderBatch, sample: int):
     return seconds, atoms, solutions
 
 
-def bucket_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> None:
-    """Time the kernel on each bucket's atoms alone (where the time goes, per tile shape)."""
-    for bucket in plan_buckets(batch.layout, config):
-        sub = batch.subset(bucket.atoms)
-        ridges = jnp.full((sub.num_atoms,), RIDGE)
-        kernel = jax.jit(lambda bt, r=ridges: solve_border_pallas(
-            bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, r, r, config=config))
-        try:
-            timing = time_fn(kernel, [(sub,)])
-        except Exception as err:
-            print(f"[border] bucket K={bucket.K} R={bucket.block_rows} failed: {err}"[:1000])
-            continue
-        rec.record(f"bucket_K{bucket.K}_R{bucket.block_rows}"
-                   f"{'_streamed' if bucket.streamed else ''}",
-                   shape=(sub.num_atoms, sub.layout.num_rows, sub.layout.d), dtype="float64",
-                   backend="pallas", timing=timing, bytes_moved=input_bytes(sub),
-                   items=sub.num_atoms, item_name="atoms",
-                   extra={"num_warps": config.num_warps(bucket.block_rows, bucket.K)})
+def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> None:
+    """Time each stage alone on the whole batch (K groups in sequence): the row pass,
+    the batched XLA Schur solve on its outputs, and the back substitution."""
+    lay = batch.layout
+    arrays = tuple(x.reshape(-1) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
+                                           batch.g_b))
+    ridges = jnp.full((batch.num_atoms,), RIDGE)
+    groups = kernels._group_positions(lay)
+
+    @jax.jit
+    def rows(arrays):
+        return [kernels._row_pass(lay, K, atoms, arrays, ridges, ridges, config=config,
+                                  interpret=False, spare=0) for K, atoms in groups.items()]
+
+    @jax.jit
+    def schur(passes):
+        return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), *stats)[0]
+                for (S, r, stats), atoms in zip(passes, groups.values())]
+
+    @jax.jit
+    def back(arrays, betas):
+        out = jax.ShapeDtypeStruct((lay.num_rows * lay.d,), arrays[0].dtype)
+        for (K, atoms), beta in zip(groups.items(), betas):
+            R = config.block_rows_cap(lay.d, K, config.back_rows)
+            meta = jnp.asarray(kernels._back_meta(lay, atoms, R))
+            kernel = functools.partial(kernels._back_kernel, d=lay.d, K=K, block_rows=R)
+            out = kernels._call(kernel, (meta, ridges[atoms], *arrays[:3], beta.reshape(-1)),
+                                [out], interpret=False, num_warps=config.back_warps,
+                                programs=meta.size // kernels._BACK_META)[0]
+        return out
+
+    shape = (batch.num_atoms, lay.num_rows, lay.d)
+    try:
+        passes = jax.block_until_ready(rows(arrays))
+        betas = jax.block_until_ready(schur(passes))
+        for name, fn, args in (("stage1_row_pass", rows, (arrays,)),
+                               ("stage2_xla_schur", schur, (passes,)),
+                               ("stage3_back_substitution", back, (arrays, betas))):
+            rec.record(name, shape=shape, dtype="float64", backend="pallas",
+                       timing=time_fn(fn, [args]), items=batch.num_atoms, item_name="atoms")
+    except Exception as err:
+        print(f"[border] stage breakdown failed: {type(err).__name__}: {err}"[:2000], flush=True)
 
 
 def run(quick: bool, out: Path | None) -> None:
@@ -167,7 +187,7 @@ def run(quick: bool, out: Path | None) -> None:
                          extra={"config": name})
         if best is None or timing.median_ms < best[1].median_ms:
             best = (name, timing, row)
-    bucket_breakdown(rec, batch, next(iter(CONFIGS.values())))
+    stage_breakdown(rec, batch, CONFIGS[best[0]] if best else KernelConfig())
     xla = time_fn(reference, [(batch,)])
     rec.record("solve_xla_reference", shape=shape, dtype="float64", backend="xla", timing=xla,
                bytes_moved=nbytes, items=b, item_name="atoms")

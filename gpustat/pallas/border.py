@@ -1,29 +1,32 @@
-"""Pallas kernel for batched border (arrow-Schur) Newton solves: the square-root Schur sequence.
+"""Pallas kernels for batched border (arrow-Schur) Newton solves, in three stages.
 
-One program solves one atom. Its rows stream through in chunks of ``block_rows``;
-per chunk the latent coordinates ``p < d`` are ``(block_rows, K)`` tiles of ``H_tb``
-loaded straight from the packed layout, each row's ``d x d`` Cholesky and forward
-substitution run elementwise over the rows (unrolled over the static ``d``), and the
-Schur complement gathers ``sum_i Y_i^T Y_i`` as ``d`` two-dimensional
-``(K, rows) @ (rows, K)`` dots (tensor-core DMMA for float64 on Hopper, IEEE float32
-otherwise) into a ``(K, K)`` accumulator. ``S``'s Cholesky, ``delta_beta`` and the
-log-determinant follow in registers, then ``delta_t`` row by row.
+1. **Row pass** (Pallas, one program per atom): the atom's rows stream through in
+   chunks of ``block_rows``; per chunk the latent coordinates ``p < d`` are
+   ``(block_rows, K)`` tiles of ``H_tb`` loaded straight from the packed layout, each
+   row's ``d x d`` Cholesky and forward substitution run elementwise over the rows
+   (unrolled over the static ``d``), and ``sum_i Y_i^T Y_i`` is ``d`` two-dimensional
+   ``(K, rows) @ (rows, K)`` dots (tensor-core DMMA for float64 on Hopper, IEEE float32
+   otherwise). The program writes the ridged Schur complement ``S`` (``K x K``), the
+   reduced right-hand side ``r = sum_i Y_i^T u_i - g_b``, the rows' log-determinant,
+   the first failing row and its bump, the Schur bump and a NaN probe of its inputs.
+2. **Schur solve** (XLA, one batched call per ``K``): Cholesky of every ``S`` at once
+   (``lax.linalg.cholesky``, cuSOLVER's batched path on a GPU), two batched triangular
+   solves for ``delta_beta``, the log-determinant and the per-atom status. The serial
+   ``K``-step factorisation is off the per-atom critical path of stage 1.
+3. **Back substitution** (Pallas, one program per row chunk, rows independent):
+   ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``, re-whitening the chunk's rows
+   from the inputs (read a second time).
 
-An atom that fits in one chunk keeps its whitened tiles ``Y``, ``u`` and ``L`` in
-registers for the back substitution (inputs read once); a longer atom streams its
-chunks twice (the second pass re-reads what it just read, mostly from L2).
-``K`` is the border width padded to 16 or 32 (the DMMA minimum is 16) and
-``block_rows`` the row count padded to a power of two between 16 and the
-``config``'s cap; padded rows are identity blocks with zero cross terms and padded
-border entries identity, so they change nothing. Atoms are bucketed by
-``(K, block_rows)``; each bucket is one ``pallas_call`` writing in place (aliased
-outputs) into the shared packed results.
+``K`` is the border width padded to 16 or 32 (the float64 dot minimum is 16);
+padded rows are identity blocks with zero cross terms and padded border entries
+identity, so they change nothing. Row-pass atoms are bucketed by ``(K, block_rows)``,
+one ``pallas_call`` each, writing in place (aliased outputs) into per-``K`` buffers.
 
 Numerics: float64 stays float64, everything else computes in float32 (dots at
-``Precision.HIGHEST``, i.e. no TF32). A pivot fails when ``not (pivot > 0)``; the
-failing atom's outputs go NaN and its status says why (same rules as
-:mod:`gpustat.reference.border`), other atoms never see it. Index arithmetic is
-int32: packed arrays must have fewer than 2**31 entries.
+``Precision.HIGHEST``, i.e. no TF32). A pivot fails when ``not (pivot > 0)``; a failed
+atom's outputs go NaN and its status says why (same rules as
+:mod:`gpustat.reference.border`), other atoms never see it. Index arithmetic is int32:
+packed arrays must have fewer than 2**31 entries.
 """
 
 from __future__ import annotations
@@ -53,27 +56,37 @@ __all__ = ["MAX_KERNEL_D", "KernelConfig", "plan_buckets", "solve_border_pallas"
 MAX_KERNEL_D = 8
 _MIN_TILE = 16  # smallest K and block_rows: float64 dots need M, K >= 16 in Triton
 _NO_ROW = 2**30  # "no failing row yet" sentinel, larger than any atom-local row index
-_META_FIELDS = 7  # atom id, first row, rows, border width, H_tb / H_bb / g_b offsets
+# Row pass: atom id, position in its K group, first row, rows, border width,
+# H_tb / H_bb / g_b offsets.
+_ROW_META = 8
+# Back substitution: first row of the chunk, rows in it, border width, H_tb offset of the
+# chunk, the atom's position in its K group.
+_BACK_META = 5
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile rules: ``block_rows <= max_block_rows`` and ``d * block_rows * K <= tile_elems``
-    (the ``H_tb`` tiles of one chunk); ``num_warps = clamp(block_rows * K / elems_per_warp,
-    1, max_warps)``.
+    """Tile rules of the row pass: ``block_rows <= max_block_rows`` and
+    ``d * block_rows * K <= tile_elems`` (the ``H_tb`` tiles of one chunk);
+    ``num_warps = clamp(block_rows * K / elems_per_warp, 1, max_warps)``. The back
+    substitution takes chunks of ``back_rows`` rows (capped the same way) at
+    ``back_warps`` warps.
 
-    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit b8b3cb9,
-    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 64-row cap 11.9 ms, 128-row
-    cap 29-58 ms (128-row tiles spill with 1-2 warps, reduce slowly across 4-8).
+    Default: to be set from the first measurement of the three-stage solve (H100,
+    B = 100k, d = 2, k_a in [4, 12], ``benchmarks/bench_border.py``); the row-pass
+    values are the fastest of the one-stage kernel (b8b3cb9: 64-row cap 11.9 ms).
     """
 
     tile_elems: int = 4096
     max_block_rows: int = 64
     elems_per_warp: int = 512
     max_warps: int = 4
+    back_rows: int = 32
+    back_warps: int = 1
 
-    def block_rows_cap(self, d: int, K: int) -> int:
-        cap = min(self.max_block_rows, max(1, self.tile_elems // (d * K)))
+    def block_rows_cap(self, d: int, K: int, rows: int | None = None) -> int:
+        cap = min(self.max_block_rows if rows is None else rows,
+                  max(1, self.tile_elems // (d * K)))
         return max(_MIN_TILE, next_pow2(cap + 1) // 2)  # round down to a power of two
 
     def num_warps(self, block_rows: int, K: int) -> int:
@@ -82,12 +95,16 @@ class KernelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class _Bucket:
-    """Atoms solved with one tile shape, one program each (``atoms`` in program order)."""
+    """Atoms whose row pass uses one tile shape, one program each (in program order)."""
 
     K: int
     block_rows: int
-    streamed: bool  # atoms longer than one chunk: two passes over their rows
+    streamed: bool  # atoms longer than one chunk: a loop over chunks
     atoms: np.ndarray
+
+
+def _padded_borders(layout: BorderLayout) -> np.ndarray:
+    return np.array([max(_MIN_TILE, next_pow2(k)) for k in layout.k_dims], dtype=np.int64)
 
 
 def plan_buckets(layout: BorderLayout, config: KernelConfig) -> list[_Bucket]:
@@ -97,7 +114,7 @@ def plan_buckets(layout: BorderLayout, config: KernelConfig) -> list[_Bucket]:
     atoms stream chunks of the cap, longest first so the last programs are short.
     """
     buckets = []
-    K_all = np.array([max(_MIN_TILE, next_pow2(k)) for k in layout.k_dims], dtype=np.int64)
+    K_all = _padded_borders(layout)
     for K in sorted(set(K_all.tolist())):
         cap = config.block_rows_cap(layout.d, K)
         in_K = np.flatnonzero(K_all == K)
@@ -112,11 +129,31 @@ def plan_buckets(layout: BorderLayout, config: KernelConfig) -> list[_Bucket]:
     return buckets
 
 
-def _bucket_meta(layout: BorderLayout, bucket: _Bucket) -> np.ndarray:
-    """Flat ``(programs * 7,)`` int32 per-program metadata in :data:`_META_FIELDS` order."""
-    a = bucket.atoms
-    fields = [a, layout.row_offsets[a], layout.n_rows[a], layout.k_dims[a],
-              layout.cross_offsets[a], layout.hbb_offsets[a], layout.border_offsets[a]]
+def _group_positions(layout: BorderLayout) -> dict[int, np.ndarray]:
+    """``{K: atoms}``: the atoms of each padded border width, ascending (position = index)."""
+    K_all = _padded_borders(layout)
+    return {K: np.flatnonzero(K_all == K) for K in sorted(set(K_all.tolist()))}
+
+
+def _row_meta(layout: BorderLayout, atoms: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Flat ``(programs * 8,)`` int32 row-pass metadata in :data:`_ROW_META` order."""
+    fields = [atoms, pos, layout.row_offsets[atoms], layout.n_rows[atoms], layout.k_dims[atoms],
+              layout.cross_offsets[atoms], layout.hbb_offsets[atoms],
+              layout.border_offsets[atoms]]
+    return np.stack(fields, axis=1).astype(np.int32).reshape(-1)
+
+
+def _back_meta(layout: BorderLayout, atoms: np.ndarray, rows: int) -> np.ndarray:
+    """Flat ``(chunks * 5,)`` int32 back-substitution metadata, ``rows`` rows per chunk
+    (:data:`_BACK_META` order); the atoms' positions are their indices in ``atoms``."""
+    n = layout.n_rows[atoms]
+    chunks = -(-n // rows)
+    owner = np.repeat(np.arange(atoms.size), chunks)
+    first = (np.arange(int(chunks.sum())) - np.repeat(np.cumsum(chunks) - chunks, chunks)) * rows
+    a = atoms[owner]
+    k = layout.k_dims[a]
+    fields = [layout.row_offsets[a] + first, np.minimum(rows, layout.n_rows[a] - first), k,
+              layout.cross_offsets[a] + first * layout.d * k, owner]
     return np.stack(fields, axis=1).astype(np.int32).reshape(-1)
 
 
@@ -183,95 +220,59 @@ def _gram(Y):
                                preferred_element_type=Y.dtype)
 
 
-def _schur_solve(S, rhs, k, ck):
-    """Right-looking Cholesky of ``S`` ``(K, K)`` with the forward solve fused, then the
-    back solve: ``(delta_beta (K,), sum log pivots over the k real columns, failed)``.
-
-    A failed pivot (``not (pivot > 0)``) leaves NaN on ``L_S``'s diagonal, so failure is
-    read off the diagonal after the loop as a vector reduction, the form the row pass
-    uses: a boolean scalar carried through the loop came back False on an H100.
-    """
-    K = ck.shape[0]
-    ii, jj = ck[:, None], ck[None, :]
-
-    def column(j, carry):
-        S, L_S, z, rhs, log_det = carry
-        col = jnp.sum(jnp.where(jj == j, S, 0.0), axis=1)
-        pivot = jnp.sum(jnp.where(ck == j, col, 0.0))
-        inv = jax.lax.rsqrt(pivot)
-        l = jnp.where(ck > j, col * inv, jnp.where(ck == j, pivot * inv, 0.0))
-        S = S - jnp.where((ii > j) & (jj > j), l[:, None] * l[None, :], 0.0)
-        L_S = L_S + jnp.where(jj == j, l[:, None], 0.0)
-        z_j = jnp.sum(jnp.where(ck == j, rhs, 0.0)) * inv
-        z = jnp.where(ck == j, z_j, z)
-        rhs = rhs - jnp.where(ck > j, l * z_j, 0.0)
-        log_det += jnp.where(j < k, jnp.log(pivot), 0.0)
-        return S, L_S, z, rhs, log_det
-
-    zero = jnp.zeros((), S.dtype)
-    _, L_S, z, _, log_det = jax.lax.fori_loop(
-        0, K, column, (S, jnp.zeros_like(S), jnp.zeros_like(rhs), rhs, zero))
-    diag = jnp.sum(jnp.where(ii == jj, L_S, 0.0), axis=1)
-    first_bad = jnp.min(jnp.where((ck < k) & ~(diag > 0), ck, _NO_ROW))
-
-    # delta_beta = L_S^{-T} z, one column of L_S (= row of L_S^T) per step, last first.
-    def back(step, x):
-        j = K - 1 - step
-        col = jnp.sum(jnp.where(jj == j, L_S, 0.0), axis=1)
-        done = jnp.sum(jnp.where(ck > j, col * x, 0.0))
-        l_jj = jnp.sum(jnp.where(ck == j, col, 0.0))
-        z_j = jnp.sum(jnp.where(ck == j, z, 0.0))
-        return jnp.where(ck == j, (z_j - done) / l_jj, x)
-
-    return jax.lax.fori_loop(0, K, back, jnp.zeros_like(rhs)), log_det, first_bad < _NO_ROW
+def _load_rows(refs, row0, local, n, k, cross0, d, K):
+    """Rows ``row0 + local`` (``local < n`` valid): lower ``H_tt`` entries and ``g_t`` as
+    ``(R,)`` vectors, ``H_tb`` as one ``(R, K)`` tile per latent coordinate ``p`` (row
+    stride ``d k`` from ``cross0``). Masked rows read as identity blocks."""
+    htt_ref, htb_ref, gt_ref = refs
+    row_ok = local < n
+    row = row0 + local
+    ck = jnp.arange(K, dtype=jnp.int32)
+    h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
+         for p in range(d) for q in range(p + 1)}
+    g = [_load(gt_ref, row * d + p, row_ok, 0.0) for p in range(d)]
+    tile_ok = row_ok[:, None] & (ck < k)[None, :]
+    B = [_load(htb_ref, cross0 + (local[:, None] * d + p) * k + ck[None, :], tile_ok, 0.0)
+         for p in range(d)]
+    return row_ok, h, g, B
 
 
-def _border_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
-    # refs: 8 inputs, then (after the first bucket) the 6 aliased outputs, then the outputs.
+def _whiten(row_ok, h, g, B, ridge_t, d):
+    """``L_i``, ``u_i = L_i^{-1} g_i``, ``Y_i = L_i^{-1} H_tb_i`` on a chunk of rows."""
+    L, inv_diag, pivots = _row_cholesky(h, jnp.where(row_ok, ridge_t, 0.0), d)
+    Y, u = [], []
+    for p in range(d):
+        y_p, u_p = B[p], g[p]
+        for q in range(p):
+            y_p = y_p - L[(p, q)][:, None] * Y[q]
+            u_p = u_p - L[(p, q)] * u[q]
+        Y.append(y_p * inv_diag[p][:, None])
+        u.append(u_p * inv_diag[p])
+    return L, inv_diag, pivots, Y, u
+
+
+def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
+    """Stage 1 for one atom: ``S``, ``r`` and the row statistics (module docstring)."""
+    # refs: 8 inputs, then (after the first bucket of a K group) the 7 aliased outputs,
+    # then the outputs.
     meta_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_ref, gt_ref, hbb_ref, gb_ref = refs[:8]
-    dt_ref, db_ref, ld_ref, st_ref, row_ref, bump_ref = refs[-6:]
+    S_ref, r_ref, ld_ref, bad_ref, row_bump_ref, schur_bump_ref, probe_ref = refs[-7:]
     R = block_rows
     dtype = ld_ref.dtype
-    base = pl.program_id(0) * _META_FIELDS
-    atom, row0, n, k, cross0, hbb0, gb0 = (meta_ref[base + f] for f in range(_META_FIELDS))
+    base = pl.program_id(0) * _ROW_META
+    atom, pos, row0, n, k, cross0, hbb0, gb0 = (meta_ref[base + f] for f in range(_ROW_META))
     ridge_t = ridge_t_ref[atom]
     ridge_b = ridge_b_ref[atom]
     ck = jnp.arange(K, dtype=jnp.int32)
     col_ok = ck < k
 
-    def load_chunk(c):
-        """Rows ``c*R ..`` of the atom: lower ``H_tt`` entries and ``g_t`` as ``(R,)``
-        vectors, ``H_tb`` as one ``(R, K)`` tile per latent coordinate ``p`` (row stride
-        ``d k`` in the packed layout). Masked rows read as identity blocks."""
-        local = c * R + jnp.arange(R, dtype=jnp.int32)
-        row_ok = local < n
-        row = row0 + local
-        h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
-             for p in range(d) for q in range(p + 1)}
-        g = [_load(gt_ref, row * d + p, row_ok, 0.0) for p in range(d)]
-        tile_ok = row_ok[:, None] & col_ok[None, :]
-        B = [_load(htb_ref, cross0 + (local[:, None] * d + p) * k + ck[None, :], tile_ok, 0.0)
-             for p in range(d)]
-        return local, row_ok, h, g, B
-
-    def whiten(row_ok, h, g, B):
-        """Steps 1-2: ``L_i``, ``u_i = L_i^{-1} g_i``, ``Y_i = L_i^{-1} H_tb_i`` on the chunk."""
-        L, inv_diag, pivots = _row_cholesky(h, jnp.where(row_ok, ridge_t, 0.0), d)
-        Y, u = [], []
-        for p in range(d):
-            y_p, u_p = B[p], g[p]
-            for q in range(p):
-                y_p = y_p - L[(p, q)][:, None] * Y[q]
-                u_p = u_p - L[(p, q)] * u[q]
-            Y.append(y_p * inv_diag[p][:, None])
-            u.append(u_p * inv_diag[p])
-        return L, inv_diag, pivots, Y, u
-
-    def row_pass(c, carry):
+    def chunk(c, carry):
         S, rhs, log_det, first_bad, bump, probe = carry
-        local, row_ok, h, g, B = load_chunk(c)
-        L, inv_diag, pivots, Y, u = whiten(row_ok, h, g, B)
-        # Step 1 failures: first failing row of the chunk and its Gershgorin bump.
+        local = c * R + jnp.arange(R, dtype=jnp.int32)
+        row_ok, h, g, B = _load_rows((htt_ref, htb_ref, gt_ref), row0, local, n, k, cross0,
+                                     d, K)
+        _, _, pivots, Y, u = _whiten(row_ok, h, g, B, ridge_t, d)
+        # Row failures: first failing row of the chunk and its Gershgorin bump.
         good = row_ok
         for pivot in pivots:
             good = good & (pivot > 0)
@@ -283,19 +284,18 @@ def _border_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
         first_bad = jnp.minimum(first_bad, failing)
         for x in [*h.values(), *g, *B]:
             probe += _nan_probe(x)
-        # Step 3: S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
+        # S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
         for p in range(d):
             S -= _gram(Y[p])
             rhs += jnp.sum(Y[p] * u[p][:, None], axis=0)
-        return (S, rhs, log_det, first_bad, bump, probe), (row_ok, L, inv_diag, Y, u)
+        return S, rhs, log_det, first_bad, bump, probe
 
     carry = (jnp.zeros((K, K), dtype), jnp.zeros((K,), dtype), jnp.zeros((), dtype),
              jnp.int32(_NO_ROW), jnp.zeros((), dtype), jnp.zeros((), dtype))
-    n_chunks = (n + R - 1) // R
     if streamed:
-        carry = jax.lax.fori_loop(0, n_chunks, lambda c, cr: row_pass(c, cr)[0], carry)
+        carry = jax.lax.fori_loop(0, (n + R - 1) // R, chunk, carry)
     else:
-        carry, whitened = row_pass(0, carry)
+        carry = chunk(0, carry)
     S, rhs, log_det, first_bad, row_bump, probe = carry
 
     # Border: S0 = H_bb - sum Y^T Y (unridged, for the bump), then ridge; padding is I.
@@ -314,66 +314,101 @@ def _border_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
         ridge_b, k.astype(dtype), unit_roundoff)
     S += jnp.where(ii == jj, jnp.where(col_ok, ridge_b, 1.0)[:, None], 0.0)
 
-    # Steps 4-5 and 7: delta_beta = S^{-1} (sum Y^T u - g_b), log det.
-    delta_beta, schur_log_det, schur_bad = _schur_solve(S, rhs - g_b, k, ck)
-    log_det += schur_log_det
+    whole = ck >= 0  # all-true mask: S and r are stored whole, padding included
+    _store(S_ref, pos * (K * K) + ii * K + jj, S, whole[:, None] & whole[None, :])
+    _store(r_ref, pos * K + ck, rhs - g_b, whole)
+    ld_ref[pos] = log_det
+    bad_ref[pos] = first_bad
+    row_bump_ref[pos] = row_bump
+    schur_bump_ref[pos] = schur_bump
+    probe_ref[pos] = probe
 
+
+def _back_kernel(*refs, d, K, block_rows):
+    """Stage 3 for one chunk of rows: ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``.
+
+    ``delta_beta`` of a failed atom is NaN, so its rows come out NaN too."""
+    meta_ref, ridge_t_ref, htt_ref, htb_ref, gt_ref, db_ref = refs[:6]
+    dt_ref = refs[-1]
+    base = pl.program_id(0) * _BACK_META
+    row0, n, k, cross0, pos = (meta_ref[base + f] for f in range(_BACK_META))
+    local = jnp.arange(block_rows, dtype=jnp.int32)
+    row_ok, h, g, B = _load_rows((htt_ref, htb_ref, gt_ref), row0, local, n, k, cross0, d, K)
+    ck = jnp.arange(K, dtype=jnp.int32)
+    delta_beta = _load(db_ref, pos * K + ck, ck < K, 0.0)
+    L, inv_diag, _, Y, u = _whiten(row_ok, h, g, B, ridge_t_ref[pos], d)
+    w = [u[p] + jnp.sum(Y[p] * delta_beta[None, :], axis=1) for p in range(d)]
+    x = [None] * d
+    for p in reversed(range(d)):
+        v = w[p]
+        for q in range(p + 1, d):
+            v = v - L[(q, p)] * x[q]
+        x[p] = v * inv_diag[p]
+    row = row0 + local
+    for p in range(d):
+        _store(dt_ref, row * d + p, -x[p], row_ok)
+
+
+def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe):
+    """Stage 2 for the ``(B, K, K)`` Schur complements of one ``K`` group (XLA, batched).
+
+    Returns padded ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``,
+    ``status``, ``row`` and ``bump``, each ``(B,)``. A non-positive-definite ``S`` comes
+    back from the batched Cholesky with NaN on ``L_S``'s diagonal (only that atom's)."""
+    L_S = jax.lax.linalg.cholesky(S, symmetrize_input=False)
+    z = jax.lax.linalg.triangular_solve(L_S, rhs[..., None], left_side=True, lower=True)
+    delta_beta = jax.lax.linalg.triangular_solve(L_S, z, left_side=True, lower=True,
+                                                 transpose_a=True)[..., 0]
+    diag = jnp.diagonal(L_S, axis1=-2, axis2=-1)
+    real = jnp.arange(S.shape[-1])[None, :] < k[:, None]
+    schur_bad = jnp.any(real & ~(diag > 0), axis=-1)
+    log_det = row_log_det + 2 * jnp.sum(jnp.where(real, jnp.log(diag), 0.0), axis=-1)
     # probe is NaN exactly when some input entry the solve reads is not finite.
     status = jnp.where(~(probe == 0), STATUS_NONFINITE,
                        jnp.where(first_bad < _NO_ROW, STATUS_ROW_NOT_PD,
                                  jnp.where(schur_bad, STATUS_SCHUR_NOT_PD, STATUS_OK)))
     status = status.astype(jnp.int32)
     failed = status != STATUS_OK
-    st_ref[atom] = status
-    row_ref[atom] = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1).astype(jnp.int32)
-    bump_ref[atom] = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
-                               jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
-    ld_ref[atom] = jnp.where(failed, jnp.nan, log_det)
-    _store(db_ref, gb0 + ck, jnp.where(failed, jnp.nan, delta_beta), col_ok)
-
-    # Step 6: delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta).
-    def solve_rows(c, row_ok, L, inv_diag, Y, u):
-        w = [u[p] + jnp.sum(Y[p] * delta_beta[None, :], axis=1) for p in range(d)]
-        x = [None] * d
-        for p in reversed(range(d)):
-            v = w[p]
-            for q in range(p + 1, d):
-                v = v - L[(q, p)] * x[q]
-            x[p] = v * inv_diag[p]
-        row = row0 + c * R + jnp.arange(R, dtype=jnp.int32)
-        for p in range(d):
-            _store(dt_ref, row * d + p, jnp.where(failed, jnp.nan, -x[p]), row_ok)
-
-    if streamed:
-        def solve_pass(c, carry):
-            _, row_ok, h, g, B = load_chunk(c)
-            L, inv_diag, _, Y, u = whiten(row_ok, h, g, B)
-            solve_rows(c, row_ok, L, inv_diag, Y, u)
-            return carry
-
-        jax.lax.fori_loop(0, n_chunks, solve_pass, jnp.int32(0))
-    else:
-        solve_rows(0, *whitened)
+    row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1).astype(jnp.int32)
+    bump = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
+                     jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
+    return (jnp.where(failed[:, None], jnp.nan, delta_beta), jnp.where(failed, jnp.nan, log_det),
+            status, row, bump)
 
 
-def _solve_bucket(bucket: _Bucket, meta, ridge_t, ridge_beta, arrays, outputs, *, d,
-                  interpret, num_warps):
-    """One ``pallas_call``. ``outputs`` are ``jax.ShapeDtypeStruct`` for the first bucket
-    (fresh buffers, no memset: the buckets together write every entry) and arrays after
-    it, updated in place."""
-    dtype = outputs[0].dtype
-    kernel = functools.partial(
-        _border_kernel, d=d, K=bucket.K, block_rows=bucket.block_rows,
-        streamed=bucket.streamed, unit_roundoff=float(jnp.finfo(dtype).eps) / 2)
-    inputs = (meta, ridge_t, ridge_beta, *arrays)
+def _call(kernel, inputs, outputs, *, interpret, num_warps, programs):
+    """One ``pallas_call``. ``outputs`` are ``jax.ShapeDtypeStruct`` on the first call of a
+    chain (fresh buffers, no memset: the calls together write every entry) and arrays
+    after it, updated in place (aliased)."""
     fresh = isinstance(outputs[0], jax.ShapeDtypeStruct)
     call = pallas_call(
-        kernel, interpret=interpret, num_warps=num_warps,
-        grid=(bucket.atoms.size,),
+        kernel, interpret=interpret, num_warps=num_warps, grid=(programs,),
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
         input_output_aliases={} if fresh else {len(inputs) + i: i for i in range(len(outputs))},
     )
     return call(*inputs) if fresh else call(*inputs, *outputs)
+
+
+def _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, *, config, interpret, spare):
+    """Stage 1 over the atoms of one ``K`` group; returns the per-position statistics."""
+    dtype = arrays[0].dtype
+    B = atoms.size
+    sizes = (B * K * K, B * K, B, B, B, B, B)
+    dtypes = (dtype, dtype, dtype, jnp.int32, dtype, dtype, dtype)
+    outputs = [jax.ShapeDtypeStruct((s + spare,), t) for s, t in zip(sizes, dtypes)]
+    position = np.empty(layout.num_atoms, dtype=np.int64)
+    position[atoms] = np.arange(B)
+    for bucket in plan_buckets(layout.subset(atoms), config):
+        members = atoms[bucket.atoms]
+        meta = jnp.asarray(_row_meta(layout, members, position[members]))
+        kernel = functools.partial(
+            _row_pass_kernel, d=layout.d, K=K, block_rows=bucket.block_rows,
+            streamed=bucket.streamed, unit_roundoff=float(jnp.finfo(dtype).eps) / 2)
+        outputs = _call(kernel, (meta, ridge_t, ridge_beta, *arrays), outputs,
+                        interpret=interpret, programs=members.size,
+                        num_warps=config.num_warps(bucket.block_rows, K))
+    S, r, *stats = (out[:s] for out, s in zip(outputs, sizes))
+    return S.reshape(B, K, K), r.reshape(B, K), stats
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "interpret", "config"))
@@ -387,23 +422,42 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     dtype = compute_dtype(H_tt.dtype)
     d = layout.d
     arrays = tuple(jnp.asarray(x, dtype).reshape(-1) for x in (H_tt, H_tb, g_t, H_bb, g_b))
-    b = layout.num_atoms
-    # In interpret mode every output has one spare trailing slot for masked lanes (see
-    # _store); on the GPU masked lanes write nothing, and no slice copies the results.
-    spare = 1 if interpret else 0
-    sizes = (layout.num_rows * d, int(layout.border_offsets[-1]), b, b, b, b)
-    dtypes = (dtype, dtype, dtype, jnp.int32, jnp.int32, dtype)
-    outputs = [jax.ShapeDtypeStruct((size + spare,), dt) for size, dt in zip(sizes, dtypes)]
     ridge_t = jnp.asarray(ridge_t, dtype)
     ridge_beta = jnp.asarray(ridge_beta, dtype)
-    for bucket in plan_buckets(layout, config):
-        meta = jnp.asarray(_bucket_meta(layout, bucket))
-        outputs = _solve_bucket(bucket, meta, ridge_t, ridge_beta, arrays, outputs, d=d,
-                                interpret=interpret,
-                                num_warps=config.num_warps(bucket.block_rows, bucket.K))
-    delta_t, delta_beta, log_det, status, row, bump = (
-        out[:size] for out, size in zip(outputs, sizes))
-    return delta_t.reshape(layout.num_rows, d), delta_beta, log_det, status, row, bump
+    # In interpret mode every kernel output has one spare trailing slot for masked lanes
+    # (see _store); on the GPU masked lanes write nothing.
+    spare = 1 if interpret else 0
+    delta_t = jax.ShapeDtypeStruct((layout.num_rows * d + spare,), dtype)
+    per_group, order, beta_pad, beta_base = [], [], [], 0
+    beta_index = np.zeros(int(layout.border_offsets[-1]), dtype=np.int64)
+    for K, atoms in _group_positions(layout).items():
+        S, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, config=config,
+                                interpret=interpret, spare=spare)
+        delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats)
+        # Stage 3 over this group's row chunks, writing delta_t in place.
+        rows = config.block_rows_cap(d, K, config.back_rows)
+        meta = _back_meta(layout, atoms, rows)
+        if meta.size:
+            kernel = functools.partial(_back_kernel, d=d, K=K, block_rows=rows)
+            delta_t = _call(kernel, (jnp.asarray(meta), ridge_t[atoms], arrays[0], arrays[1],
+                                     arrays[2], delta_beta.reshape(-1)), [delta_t],
+                            interpret=interpret, num_warps=config.back_warps,
+                            programs=meta.size // _BACK_META)[0]
+        per_group.append(per_atom)
+        order.append(atoms)
+        beta_pad.append(delta_beta.reshape(-1))
+        ks = layout.k_dims[atoms]
+        within = layout.border_index(atoms) - np.repeat(layout.border_offsets[atoms], ks)
+        beta_index[layout.border_index(atoms)] = (
+            beta_base + np.repeat(np.arange(atoms.size) * K, ks) + within)
+        beta_base += atoms.size * K
+    if isinstance(delta_t, jax.ShapeDtypeStruct):  # no rows at all
+        delta_t = jnp.zeros((0,), dtype)
+    inverse = np.argsort(np.concatenate(order))
+    log_det, status, row, bump = (jnp.concatenate(parts)[inverse] for parts in zip(*per_group))
+    delta_beta = jnp.concatenate(beta_pad)[beta_index]
+    delta_t = delta_t[:layout.num_rows * d].reshape(layout.num_rows, d)
+    return delta_t, delta_beta, log_det, status, row, bump
 
 
 def _register_lowering_cases() -> None:

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from gpustat.border import BorderBatch, retry_failed, solve_batched_border
-from gpustat.pallas.border import KernelConfig, plan_buckets, solve_border_pallas
+from gpustat.border_layout import BorderLayout
+from gpustat.pallas.border import KernelConfig, _back_meta, plan_buckets, solve_border_pallas
 from tests.helpers import KernelTests, assert_close
 from tests.oracles.border_dense import assert_matches_dense
+from tests.oracles.border_fixtures import random_pd_atom
 from tests.oracles.border_golden import (
     GOLDEN_D2,
     GOLDEN_RIDGE,
@@ -52,6 +54,33 @@ def test_plan_covers_one_chunk_and_streamed_atoms(config):
         assert np.all(n > b.block_rows) if b.streamed else np.all(n <= b.block_rows)
     atoms = np.concatenate([b.atoms for b in buckets])
     np.testing.assert_array_equal(np.sort(atoms), np.arange(layout.num_atoms))
+
+
+@pytest.mark.parametrize("rows", [16, 32])
+def test_back_substitution_chunks_cover_every_row_once(rows):
+    """Stage 3's row chunks (ragged atoms, single rows, a non-multiple of the chunk, one
+    atom left out of the group) cover exactly the group's rows, each chunk inside one atom
+    with that atom's H_tb offset and group position."""
+    layout = BorderLayout(2, np.array([1, 33, 16, 7, 100]), np.array([3, 20, 1, 12, 32]))
+    atoms = np.array([0, 1, 2, 4])
+    meta = _back_meta(layout, atoms, rows).reshape(-1, 5)
+    covered = np.concatenate([np.arange(r0, r0 + n) for r0, n, *_ in meta])
+    np.testing.assert_array_equal(covered, layout.row_index(atoms))
+    for r0, n, k, cross0, pos in meta:
+        a = atoms[pos]
+        assert 1 <= n <= rows and k == layout.k_dims[a]
+        first = r0 - layout.row_offsets[a]
+        assert 0 <= first and first + n <= layout.n_rows[a]
+        assert cross0 == layout.cross_offsets[a] + first * 2 * k
+
+
+def schur_failure_mixed_atoms():
+    """K = 32 and K = 16 groups: a single-row K = 32 atom with border -2 I (status 2), a
+    single-row K = 16 atom, and a 40-row K = 32 atom (64-row tile) beside them."""
+    rng = np.random.default_rng(7)
+    atoms = [random_pd_atom(rng, n, 2, k) for n, k in [(1, 20), (1, 3), (40, 32)]]
+    atoms[0] = (*atoms[0][:3], -2.0 * np.eye(20), atoms[0][4])
+    return atoms
 
 
 class TestBorderKernel(KernelTests):
@@ -97,6 +126,21 @@ class TestBorderKernel(KernelTests):
         assert int(sol.status[0]) == 1 and int(sol.row[0]) == 2 and float(sol.bump[0]) > 0
         fixed, ridge_t, ridge_beta = retry_failed(batch, sol, 0.0, 0.0, backend=self.backend)
         assert int(fixed.status[0]) == 0
+        assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
+
+    def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
+        """Stage 2's batched Cholesky fails for atom 0 only (status 2 with the reference's
+        bump); the retry with that bump then solves it, matching the dense oracle."""
+        atoms = schur_failure_mixed_atoms()
+        batch = batch_of(atoms)
+        got = solve_batched_border(batch, GOLDEN_RIDGE, GOLDEN_RIDGE, backend=self.backend)
+        want = solve_batched_border(batch, GOLDEN_RIDGE, GOLDEN_RIDGE, backend="reference")
+        np.testing.assert_array_equal(got.status, [2, 0, 0])
+        assert_same_solution(got, want, rtol=1e-10)
+        assert_matches_dense(atoms, got, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        fixed, ridge_t, ridge_beta = retry_failed(batch, got, GOLDEN_RIDGE, GOLDEN_RIDGE,
+                                                  backend=self.backend)
+        np.testing.assert_array_equal(fixed.status, [0, 0, 0])
         assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
 
     def test_float32_matches_float64_oracle(self):
