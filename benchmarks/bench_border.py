@@ -101,6 +101,27 @@ def scipy_seconds_per_atom(batch: BorderBatch, sample: int):
     return seconds, atoms, solutions
 
 
+def unrolled_schur_candidate(S, rhs):
+    """Stage-2 candidate (measured here only): the Cholesky and both solves unrolled over
+    the static K on ``(B,)`` vectors (atoms last, every step elementwise), for XLA to fuse.
+    Returns ``delta_beta (B, K)`` and ``L_S``'s diagonal ``(B, K)``."""
+    K = S.shape[-1]
+    St = jnp.moveaxis(S, 0, -1)
+    L, inv = {}, []
+    for j in range(K):
+        pivot = St[j, j] - sum((L[j, q] ** 2 for q in range(j)), start=0.0)
+        inv.append(jax.lax.rsqrt(pivot))
+        for i in range(j + 1, K):
+            L[i, j] = (St[i, j] - sum((L[i, q] * L[j, q] for q in range(j)), start=0.0)) * inv[j]
+    z = []
+    for j in range(K):
+        z.append((rhs[:, j] - sum((L[j, q] * z[q] for q in range(j)), start=0.0)) * inv[j])
+    x = [None] * K
+    for j in reversed(range(K)):
+        x[j] = (z[j] - sum((L[i, j] * x[i] for i in range(j + 1, K)), start=0.0)) * inv[j]
+    return jnp.stack(x, axis=-1), 1.0 / jnp.stack(inv, axis=-1)
+
+
 def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> None:
     """Time each stage alone on the whole batch (K groups in sequence): the row pass,
     the batched XLA Schur solve on its outputs, and the back substitution."""
@@ -133,16 +154,26 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
         return out
 
     shape = (batch.num_atoms, lay.num_rows, lay.d)
+    unrolled = jax.jit(lambda passes: [unrolled_schur_candidate(S, r) for S, r, _ in passes])
     try:
         passes = jax.block_until_ready(rows(arrays))
         betas = jax.block_until_ready(schur(passes))
-        for name, fn, args in (("stage1_row_pass", rows, (arrays,)),
-                               ("stage2_xla_schur", schur, (passes,)),
-                               ("stage3_back_substitution", back, (arrays, betas))):
-            rec.record(name, shape=shape, dtype="float64", backend="pallas",
-                       timing=time_fn(fn, [args]), items=batch.num_atoms, item_name="atoms")
+        cases = [("stage1_row_pass", rows, (arrays,)), ("stage2_xla_schur", schur, (passes,)),
+                 ("stage3_back_substitution", back, (arrays, betas)),
+                 ("stage2_unrolled_schur_candidate", unrolled, (passes,))]
     except Exception as err:
         print(f"[border] stage breakdown failed: {type(err).__name__}: {err}"[:2000], flush=True)
+        return
+    for name, fn, args in cases:
+        try:
+            if fn is unrolled:  # the candidate must agree before it is timed
+                want = betas[0][:, :int(lay.k_dims.max(initial=0))]
+                check_close(name, fn(passes)[0][0][:, :want.shape[1]], want, rtol=1e-9,
+                            atol=1e-11)
+            rec.record(name, shape=shape, dtype="float64", backend="pallas",
+                       timing=time_fn(fn, [args]), items=batch.num_atoms, item_name="atoms")
+        except Exception as err:
+            print(f"[border] {name} failed: {type(err).__name__}: {err}"[:2000], flush=True)
 
 
 def run(quick: bool, out: Path | None) -> None:
