@@ -13,6 +13,12 @@ per-program overhead of ~10-20 ns per atom remains; stage 2 (batched cuSOLVER
 Cholesky + two batched triangular solves on (100k, 16, 16)) reads S ~3x: ~0.1-1 ms;
 stage 3 re-reads the input (1.26 GB) and writes delta_t (0.11 GB): ~0.5 ms. Total
 ~1.2-3.5 ms. ``stage_*`` cases time each stage alone.
+
+Outcome (H100, commit 79e89cb, same run): 6.55 ms with a 32-row cap (192 GB/s, 6.9%
+of the 2766 GB/s copy; XLA reference 49.25 ms, 7.5x); a 64-row cap 13.6-13.9 ms,
+128-row 51.9 ms, whatever the back-substitution chunk. The row pass with large tiles
+(spilling, see docs/border.md) now dominates; the stage breakdown did not run there
+(weak-typed ridges, fixed since), so the split per stage is not yet measured.
 """
 
 from __future__ import annotations
@@ -39,15 +45,16 @@ BENCH_ATOMS = 100_000
 # back_rows, back_warps). Row pass: one program per atom (K = 16 for k_a in [4, 12];
 # one-chunk buckets of 16, 32, 64 rows, longer atoms streamed in chunks of the cap), now
 # without the Schur Cholesky; back substitution: one program per chunk of back_rows rows.
-# --quick runs the first five, the default first.
+# Measured (H100, 79e89cb): r32 6.55 ms, r64 13.6-13.9 ms, r128 51.9 ms. --quick runs
+# the first five, the default first.
 CONFIGS = {
-    "r64_b32w1": KernelConfig(4096, 64, 512, 4, 32, 1),
     "r32_b32w1": KernelConfig(4096, 32, 512, 4, 32, 1),
+    "r16_b32w1": KernelConfig(4096, 16, 512, 4, 32, 1),
+    "r64_b32w1": KernelConfig(4096, 64, 512, 4, 32, 1),
     "r64_b64w2": KernelConfig(4096, 64, 512, 4, 64, 2),
     "r64_b16w1": KernelConfig(4096, 64, 512, 4, 16, 1),
     "r128_b32w1": KernelConfig(4096, 128, 512, 4, 32, 1),
     "r64_e1024_b32w1": KernelConfig(4096, 64, 1024, 4, 32, 1),
-    "r16_b32w1": KernelConfig(4096, 16, 512, 4, 32, 1),
 }
 
 
@@ -128,7 +135,8 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
     lay = batch.layout
     arrays = tuple(x.reshape(-1) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
                                            batch.g_b))
-    ridges = jnp.full((batch.num_atoms,), RIDGE)
+    ridges = jnp.full((batch.num_atoms,), RIDGE, batch.H_tt.dtype)  # weak-typed ridges break the
+    # Triton lowering of the row pass (f64 vs f32 operands); solve_border_pallas casts them
     groups = kernels._group_positions(lay)
 
     @jax.jit

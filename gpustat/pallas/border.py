@@ -72,13 +72,13 @@ class KernelConfig:
     substitution takes chunks of ``back_rows`` rows (capped the same way) at
     ``back_warps`` warps.
 
-    Default: to be set from the first measurement of the three-stage solve (H100,
-    B = 100k, d = 2, k_a in [4, 12], ``benchmarks/bench_border.py``); the row-pass
-    values are the fastest of the one-stage kernel (b8b3cb9: 64-row cap 11.9 ms).
+    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit 79e89cb,
+    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 32-row cap 6.55 ms; a
+    64-row cap 13.6-13.9 ms (16, 32 or 64-row back chunks alike), 128-row 51.9 ms.
     """
 
     tile_elems: int = 4096
-    max_block_rows: int = 64
+    max_block_rows: int = 32
     elems_per_warp: int = 512
     max_warps: int = 4
     back_rows: int = 32
