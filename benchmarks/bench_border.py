@@ -45,14 +45,15 @@ BENCH_ATOMS = 100_000
 # back_rows, back_warps). Row pass: one program per atom (K = 16 for k_a in [4, 12];
 # one-chunk buckets of 16, 32, 64 rows, longer atoms streamed in chunks of the cap), now
 # without the Schur Cholesky; back substitution: one program per chunk of back_rows rows.
-# Measured (H100, 79e89cb): r32 6.55 ms, r64 13.6-13.9 ms, r128 51.9 ms. --quick runs
-# the first five, the default first.
+# Measured (H100, 78d3496): r16 5.25 ms, r32 6.86 ms, r64 14.0-14.3 ms; r128 51.9 ms
+# (79e89cb). --quick runs the first five, the default first.
 CONFIGS = {
-    "r32_b32w1": KernelConfig(4096, 32, 512, 4, 32, 1),
     "r16_b32w1": KernelConfig(4096, 16, 512, 4, 32, 1),
+    "r16_b16w1": KernelConfig(4096, 16, 512, 4, 16, 1),
+    "r16_e128_b32w1": KernelConfig(4096, 16, 128, 4, 32, 1),
+    "r32_b32w1": KernelConfig(4096, 32, 512, 4, 32, 1),
     "r64_b32w1": KernelConfig(4096, 64, 512, 4, 32, 1),
     "r64_b64w2": KernelConfig(4096, 64, 512, 4, 64, 2),
-    "r64_b16w1": KernelConfig(4096, 64, 512, 4, 16, 1),
     "r128_b32w1": KernelConfig(4096, 128, 512, 4, 32, 1),
     "r64_e1024_b32w1": KernelConfig(4096, 64, 1024, 4, 32, 1),
 }
@@ -108,27 +109,6 @@ def scipy_seconds_per_atom(batch: BorderBatch, sample: int):
     return seconds, atoms, solutions
 
 
-def unrolled_schur_candidate(S, rhs):
-    """Stage-2 candidate (measured here only): the Cholesky and both solves unrolled over
-    the static K on ``(B,)`` vectors (atoms last, every step elementwise), for XLA to fuse.
-    Returns ``delta_beta (B, K)`` and ``L_S``'s diagonal ``(B, K)``."""
-    K = S.shape[-1]
-    St = jnp.moveaxis(S, 0, -1)
-    L, inv = {}, []
-    for j in range(K):
-        pivot = St[j, j] - sum((L[j, q] ** 2 for q in range(j)), start=0.0)
-        inv.append(jax.lax.rsqrt(pivot))
-        for i in range(j + 1, K):
-            L[i, j] = (St[i, j] - sum((L[i, q] * L[j, q] for q in range(j)), start=0.0)) * inv[j]
-    z = []
-    for j in range(K):
-        z.append((rhs[:, j] - sum((L[j, q] * z[q] for q in range(j)), start=0.0)) * inv[j])
-    x = [None] * K
-    for j in reversed(range(K)):
-        x[j] = (z[j] - sum((L[i, j] * x[i] for i in range(j + 1, K)), start=0.0)) * inv[j]
-    return jnp.stack(x, axis=-1), 1.0 / jnp.stack(inv, axis=-1)
-
-
 def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> None:
     """Time each stage alone on the whole batch (K groups in sequence): the row pass,
     the batched XLA Schur solve on its outputs, and the back substitution."""
@@ -144,10 +124,15 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
         return [kernels._row_pass(lay, K, atoms, arrays, ridges, ridges, config=config,
                                   interpret=False, spare=0) for K, atoms in groups.items()]
 
-    @jax.jit
-    def schur(passes):
-        return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), *stats)[0]
-                for (S, r, stats), atoms in zip(passes, groups.values())]
+    def schur_with(unrolled):
+        @jax.jit
+        def schur(passes):
+            return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), *stats,
+                                         unrolled=unrolled)[0]
+                    for (S, r, stats), atoms in zip(passes, groups.values())]
+        return schur
+
+    schur, schur_batched = schur_with(True), schur_with(False)
 
     @jax.jit
     def back(arrays, betas):
@@ -162,22 +147,19 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
         return out
 
     shape = (batch.num_atoms, lay.num_rows, lay.d)
-    unrolled = jax.jit(lambda passes: [unrolled_schur_candidate(S, r) for S, r, _ in passes])
     try:
         passes = jax.block_until_ready(rows(arrays))
         betas = jax.block_until_ready(schur(passes))
-        cases = [("stage1_row_pass", rows, (arrays,)), ("stage2_xla_schur", schur, (passes,)),
-                 ("stage3_back_substitution", back, (arrays, betas)),
-                 ("stage2_unrolled_schur_candidate", unrolled, (passes,))]
+        check_close("stage2 unrolled vs batched", betas[0], schur_batched(passes)[0], rtol=1e-9,
+                    atol=1e-11)
+        cases = [("stage1_row_pass", rows, (arrays,)), ("stage2_schur_solve", schur, (passes,)),
+                 ("stage2_batched_cholesky", schur_batched, (passes,)),
+                 ("stage3_back_substitution", back, (arrays, betas))]
     except Exception as err:
         print(f"[border] stage breakdown failed: {type(err).__name__}: {err}"[:2000], flush=True)
         return
     for name, fn, args in cases:
         try:
-            if fn is unrolled:  # the candidate must agree before it is timed
-                want = betas[0][:, :int(lay.k_dims.max(initial=0))]
-                check_close(name, fn(passes)[0][0][:, :want.shape[1]], want, rtol=1e-9,
-                            atol=1e-11)
             rec.record(name, shape=shape, dtype="float64", backend="pallas",
                        timing=time_fn(fn, [args]), items=batch.num_atoms, item_name="atoms")
         except Exception as err:

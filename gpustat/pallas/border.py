@@ -9,10 +9,13 @@
    otherwise). The program writes the ridged Schur complement ``S`` (``K x K``), the
    reduced right-hand side ``r = sum_i Y_i^T u_i - g_b``, the rows' log-determinant,
    the first failing row and its bump, the Schur bump and a NaN probe of its inputs.
-2. **Schur solve** (XLA, one batched call per ``K``): Cholesky of every ``S`` at once
-   (``lax.linalg.cholesky``, cuSOLVER's batched path on a GPU), two batched triangular
-   solves for ``delta_beta``, the log-determinant and the per-atom status. The serial
-   ``K``-step factorisation is off the per-atom critical path of stage 1.
+2. **Schur solve** (XLA, one fused computation per ``K``): the Cholesky of every ``S``
+   and both triangular solves for ``delta_beta``, unrolled over the static ``K`` on
+   ``(B,)`` vectors of atoms (every step elementwise across atoms, which XLA fuses), then
+   the log-determinant and the per-atom status. The serial ``K``-step factorisation is
+   off the per-atom critical path of stage 1. On the H100 (B = 100k, K = 16) this took
+   0.62 ms against 1.56 ms for ``lax.linalg.cholesky`` + two batched triangular solves,
+   which interpret mode keeps (XLA's CPU compiler is slow on the unrolled form).
 3. **Back substitution** (Pallas, one program per row chunk, rows independent):
    ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``, re-whitening the chunk's rows
    from the inputs (read a second time).
@@ -72,13 +75,14 @@ class KernelConfig:
     substitution takes chunks of ``back_rows`` rows (capped the same way) at
     ``back_warps`` warps.
 
-    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit 79e89cb,
-    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 32-row cap 6.55 ms; a
-    64-row cap 13.6-13.9 ms (16, 32 or 64-row back chunks alike), 128-row 51.9 ms.
+    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit 78d3496,
+    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 16-row cap 5.25 ms, 32-row
+    6.86 ms, 64-row 14.0-14.3 ms (16, 32 or 64-row back chunks alike); 128-row 51.9 ms
+    (79e89cb).
     """
 
     tile_elems: int = 4096
-    max_block_rows: int = 32
+    max_block_rows: int = 16
     elems_per_warp: int = 512
     max_warps: int = 4
     back_rows: int = 32
@@ -349,17 +353,55 @@ def _back_kernel(*refs, d, K, block_rows):
         _store(dt_ref, row * d + p, -x[p], row_ok)
 
 
-def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe):
-    """Stage 2 for the ``(B, K, K)`` Schur complements of one ``K`` group (XLA, batched).
+def _unrolled_cholesky_solve(S, rhs):
+    """``L L^T x = rhs`` for ``(B, K, K)`` matrices, unrolled over the static ``K`` with
+    atoms on the last axis: column ``j`` of ``L`` is a ``(K, B)`` array built from the
+    previous columns (left-looking Cholesky), then both substitutions column by column.
+    ``O(K^2)`` elementwise array ops, which XLA fuses; no ``(B,)``-scalar ``O(K^3)``
+    expansion (that one took 46 s to compile at ``K = 32``).
 
-    Returns padded ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``,
-    ``status``, ``row`` and ``bump``, each ``(B,)``. A non-positive-definite ``S`` comes
-    back from the batched Cholesky with NaN on ``L_S``'s diagonal (only that atom's)."""
+    Returns ``x (B, K)`` and ``L``'s diagonal ``(B, K)``. A pivot ``<= 0`` gives a NaN
+    (negative) or zero (zero) diagonal entry, which the caller reads as "not PD"."""
+    K = S.shape[-1]
+    St = jnp.moveaxis(S, 0, -1)  # (K, K, B)
+    below = jnp.arange(K)[:, None]  # row index of a (K, B) column
+    cols, inv = [], []
+    for j in range(K):
+        c = St[:, j]
+        for q in range(j):
+            c = c - cols[q] * cols[q][j]
+        inv.append(jax.lax.rsqrt(c[j]))
+        cols.append(jnp.where(below >= j, c * inv[j], 0.0))
+    res, z = jnp.moveaxis(rhs, 0, -1), []  # forward: L z = rhs
+    for j in range(K):
+        z.append(res[j] * inv[j])
+        res = res - cols[j] * z[j]
+    x = jnp.zeros_like(res)  # backward: L^T x = z, entries above j still zero
+    for j in reversed(range(K)):
+        x = x.at[j].set((z[j] - jnp.sum(cols[j] * x, axis=0)) * inv[j])
+    return jnp.moveaxis(x, 0, -1), 1.0 / jnp.moveaxis(jnp.stack(inv), 0, -1)
+
+
+def _batched_cholesky_solve(S, rhs):
+    """``L L^T x = rhs`` through ``lax.linalg.cholesky`` and two batched triangular solves."""
     L_S = jax.lax.linalg.cholesky(S, symmetrize_input=False)
     z = jax.lax.linalg.triangular_solve(L_S, rhs[..., None], left_side=True, lower=True)
-    delta_beta = jax.lax.linalg.triangular_solve(L_S, z, left_side=True, lower=True,
-                                                 transpose_a=True)[..., 0]
-    diag = jnp.diagonal(L_S, axis1=-2, axis2=-1)
+    x = jax.lax.linalg.triangular_solve(L_S, z, left_side=True, lower=True, transpose_a=True)
+    return x[..., 0], jnp.diagonal(L_S, axis1=-2, axis2=-1)
+
+
+def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe, *, unrolled):
+    """Stage 2 for the ``(B, K, K)`` Schur complements of one ``K`` group (XLA).
+
+    ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path: 0.62 vs 1.56 ms
+    for the batched LAPACK-style calls on the H100 at B = 100k, K = 16) or
+    :func:`_batched_cholesky_solve` (interpret mode: XLA's CPU compiler takes seconds
+    over the unrolled form, which its own test covers). Returns padded
+    ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``, ``status``, ``row`` and
+    ``bump``, each ``(B,)``. A non-positive-definite ``S`` shows as a NaN or zero pivot on
+    the Cholesky diagonal (only that atom's)."""
+    solve = _unrolled_cholesky_solve if unrolled else _batched_cholesky_solve
+    delta_beta, diag = solve(S, rhs)
     real = jnp.arange(S.shape[-1])[None, :] < k[:, None]
     schur_bad = jnp.any(real & ~(diag > 0), axis=-1)
     log_det = row_log_det + 2 * jnp.sum(jnp.where(real, jnp.log(diag), 0.0), axis=-1)
@@ -433,7 +475,8 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     for K, atoms in _group_positions(layout).items():
         S, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, config=config,
                                 interpret=interpret, spare=spare)
-        delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats)
+        delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats,
+                                               unrolled=not interpret)
         # Stage 3 over this group's row chunks, writing delta_t in place.
         rows = config.block_rows_cap(d, K, config.back_rows)
         meta = _back_meta(layout, atoms, rows)

@@ -8,7 +8,13 @@ import pytest
 
 from gpustat.border import BorderBatch, retry_failed, solve_batched_border
 from gpustat.border_layout import BorderLayout
-from gpustat.pallas.border import KernelConfig, _back_meta, plan_buckets, solve_border_pallas
+from gpustat.pallas.border import (
+    KernelConfig,
+    _back_meta,
+    _unrolled_cholesky_solve,
+    plan_buckets,
+    solve_border_pallas,
+)
 from tests.helpers import KernelTests, assert_close
 from tests.oracles.border_dense import assert_matches_dense
 from tests.oracles.border_fixtures import random_pd_atom
@@ -81,6 +87,25 @@ def schur_failure_mixed_atoms():
     atoms = [random_pd_atom(rng, n, 2, k) for n, k in [(1, 20), (1, 3), (40, 32)]]
     atoms[0] = (*atoms[0][:3], -2.0 * np.eye(20), atoms[0][4])
     return atoms
+
+
+@pytest.mark.parametrize("K", [16, 32])
+def test_unrolled_schur_solve_matches_numpy_and_flags_indefinite(K):
+    """The GPU's stage-2 solve (interpret mode runs the batched LAPACK-style one):
+    x and L's diagonal against numpy; an indefinite and a singular matrix give a NaN and a
+    zero pivot in their own atom only."""
+    rng = np.random.default_rng(K)
+    A = rng.normal(size=(4, K, K))
+    S = A @ A.transpose(0, 2, 1) + K * np.eye(K)
+    S[1] = -np.eye(K)
+    S[2, 0, :] = S[2, :, 0] = 0.0  # first pivot exactly zero
+    rhs = rng.normal(size=(4, K))
+    x, diag = jax.jit(_unrolled_cholesky_solve)(S, rhs)
+    x, diag = np.asarray(x), np.asarray(diag)
+    for a in (0, 3):
+        assert_close(x[a], np.linalg.solve(S[a], rhs[a]), rtol=1e-12, atol=1e-14)
+        assert_close(diag[a], np.diagonal(np.linalg.cholesky(S[a])), rtol=1e-13)
+    assert np.isnan(diag[1, 0]) and diag[2, 0] == 0.0
 
 
 class TestBorderKernel(KernelTests):
