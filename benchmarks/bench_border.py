@@ -128,8 +128,8 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
         @jax.jit
         def schur(passes):
             return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), *stats,
-                                         unrolled=unrolled)[0]
-                    for (S, r, stats), atoms in zip(passes, groups.values())]
+                                         unrolled=unrolled and K <= kernels.MAX_UNROLLED_K)[0]
+                    for (S, r, stats), (K, atoms) in zip(passes, groups.items())]
         return schur
 
     schur, schur_batched = schur_with(True), schur_with(False)

@@ -9,13 +9,13 @@
    otherwise). The program writes the ridged Schur complement ``S`` (``K x K``), the
    reduced right-hand side ``r = sum_i Y_i^T u_i - g_b``, the rows' log-determinant,
    the first failing row and its bump, the Schur bump and a NaN probe of its inputs.
-2. **Schur solve** (XLA, one fused computation per ``K``): the Cholesky of every ``S``
-   and both triangular solves for ``delta_beta``, unrolled over the static ``K`` on
-   ``(B,)`` vectors of atoms (every step elementwise across atoms, which XLA fuses), then
-   the log-determinant and the per-atom status. The serial ``K``-step factorisation is
-   off the per-atom critical path of stage 1. On the H100 (B = 100k, K = 16) this took
-   0.62 ms against 1.56 ms for ``lax.linalg.cholesky`` + two batched triangular solves,
-   which interpret mode keeps (XLA's CPU compiler is slow on the unrolled form).
+2. **Schur solve** (XLA, per ``K``): for ``K = 16`` on a GPU the Cholesky of every ``S``
+   and both triangular solves, unrolled over the static ``K`` on ``(B,)`` vectors of atoms
+   (every step elementwise across atoms, which XLA fuses: 0.62 ms on the H100 at
+   B = 100k against 1.57 ms for ``lax.linalg.cholesky`` + two batched triangular solves);
+   for ``K = 32`` and in interpret mode the batched calls (XLA compiles the unrolled
+   ``K = 32`` form in tens of seconds); then the log-determinant and the per-atom status.
+   The serial ``K``-step factorisation is off the per-atom critical path of stage 1.
 3. **Back substitution** (Pallas, one program per row chunk, rows independent):
    ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``, re-whitening the chunk's rows
    from the inputs (read a second time).
@@ -353,33 +353,34 @@ def _back_kernel(*refs, d, K, block_rows):
         _store(dt_ref, row * d + p, -x[p], row_ok)
 
 
+#: Largest K whose Schur solve runs unrolled (XLA compiles the unrolled K = 32 form in
+#: tens of seconds; K = 16 in a few).
+MAX_UNROLLED_K = 16
+
+
 def _unrolled_cholesky_solve(S, rhs):
-    """``L L^T x = rhs`` for ``(B, K, K)`` matrices, unrolled over the static ``K`` with
-    atoms on the last axis: column ``j`` of ``L`` is a ``(K, B)`` array built from the
-    previous columns (left-looking Cholesky), then both substitutions column by column.
-    ``O(K^2)`` elementwise array ops, which XLA fuses; no ``(B,)``-scalar ``O(K^3)``
-    expansion (that one took 46 s to compile at ``K = 32``).
+    """``L L^T x = rhs`` for ``(B, K, K)`` matrices, unrolled over the static ``K``: every
+    entry of ``L``, ``z`` and ``x`` is a ``(B,)`` vector over atoms and every step is
+    elementwise, so XLA fuses the whole solve into a few kernels (Cholesky-Banachiewicz,
+    then the two substitutions).
 
     Returns ``x (B, K)`` and ``L``'s diagonal ``(B, K)``. A pivot ``<= 0`` gives a NaN
     (negative) or zero (zero) diagonal entry, which the caller reads as "not PD"."""
     K = S.shape[-1]
     St = jnp.moveaxis(S, 0, -1)  # (K, K, B)
-    below = jnp.arange(K)[:, None]  # row index of a (K, B) column
-    cols, inv = [], []
+    L, inv = {}, []
     for j in range(K):
-        c = St[:, j]
-        for q in range(j):
-            c = c - cols[q] * cols[q][j]
-        inv.append(jax.lax.rsqrt(c[j]))
-        cols.append(jnp.where(below >= j, c * inv[j], 0.0))
-    res, z = jnp.moveaxis(rhs, 0, -1), []  # forward: L z = rhs
+        pivot = St[j, j] - sum((L[j, q] ** 2 for q in range(j)), start=0.0)
+        inv.append(jax.lax.rsqrt(pivot))
+        for i in range(j + 1, K):
+            L[i, j] = (St[i, j] - sum((L[i, q] * L[j, q] for q in range(j)), start=0.0)) * inv[j]
+    z = []
     for j in range(K):
-        z.append(res[j] * inv[j])
-        res = res - cols[j] * z[j]
-    x = jnp.zeros_like(res)  # backward: L^T x = z, entries above j still zero
+        z.append((rhs[:, j] - sum((L[j, q] * z[q] for q in range(j)), start=0.0)) * inv[j])
+    x = [None] * K
     for j in reversed(range(K)):
-        x = x.at[j].set((z[j] - jnp.sum(cols[j] * x, axis=0)) * inv[j])
-    return jnp.moveaxis(x, 0, -1), 1.0 / jnp.moveaxis(jnp.stack(inv), 0, -1)
+        x[j] = (z[j] - sum((L[i, j] * x[i] for i in range(j + 1, K)), start=0.0)) * inv[j]
+    return jnp.stack(x, axis=-1), 1.0 / jnp.stack(inv, axis=-1)
 
 
 def _batched_cholesky_solve(S, rhs):
@@ -393,10 +394,10 @@ def _batched_cholesky_solve(S, rhs):
 def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe, *, unrolled):
     """Stage 2 for the ``(B, K, K)`` Schur complements of one ``K`` group (XLA).
 
-    ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path: 0.62 vs 1.56 ms
-    for the batched LAPACK-style calls on the H100 at B = 100k, K = 16) or
-    :func:`_batched_cholesky_solve` (interpret mode: XLA's CPU compiler takes seconds
-    over the unrolled form, which its own test covers). Returns padded
+    ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path for K <= 16: 0.62
+    vs 1.57 ms for the batched LAPACK-style calls on the H100 at B = 100k, K = 16) or
+    :func:`_batched_cholesky_solve` (K = 32, and interpret mode: XLA's CPU compiler takes
+    seconds over the unrolled form, which its own test covers). Returns padded
     ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``, ``status``, ``row`` and
     ``bump``, each ``(B,)``. A non-positive-definite ``S`` shows as a NaN or zero pivot on
     the Cholesky diagonal (only that atom's)."""
@@ -476,7 +477,7 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
         S, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, config=config,
                                 interpret=interpret, spare=spare)
         delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats,
-                                               unrolled=not interpret)
+                                               unrolled=not interpret and K <= MAX_UNROLLED_K)
         # Stage 3 over this group's row chunks, writing delta_t in place.
         rows = config.block_rows_cap(d, K, config.back_rows)
         meta = _back_meta(layout, atoms, rows)
