@@ -37,11 +37,18 @@ def _rows_in(mesh: Mesh, X, w):
     return pad_rows(X, n_to), pad_rows(w, n_to, 0)  # padding rows weigh nothing
 
 
+def _global_mean(X, w, axis):
+    """The weighted mean of all devices' rows (the drivers' centring shift) and the total
+    weight, from one block of rows each."""
+    total_w = jax.lax.psum(jnp.sum(w), axis)
+    weighted_sum = jax.lax.psum(jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST), axis)
+    return weighted_sum / total_w, total_w
+
+
 def _em_block(X, w, init, *, axis, tol, max_iter, reg_covar, weight_prior, component_prior,
               backend, precision):
     """The EM loop on one device's rows; statistics are summed over ``axis``."""
-    total_w = jax.lax.psum(jnp.sum(w), axis)
-    shift = jax.lax.psum(jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST), axis) / total_w
+    shift, total_w = _global_mean(X, w, axis)
     Xc = X - shift
     prior = None if component_prior is None else dataclasses.replace(
         component_prior, mean=component_prior.mean - shift)
@@ -208,8 +215,7 @@ def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Me
     axis = row_axis(mesh)
 
     def chain(X, w, start, prior, sticks, key):
-        weighted_sum = jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST)
-        shift = jax.lax.psum(weighted_sum, axis) / jax.lax.psum(jnp.sum(w), axis)
+        shift, _ = _global_mean(X, w, axis)
         Xc = X - shift
         prior = dataclasses.replace(prior, mean=prior.mean - shift)
         state = mixture.GibbsState(dataclasses.replace(start, means=start.means - shift),

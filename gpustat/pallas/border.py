@@ -188,7 +188,8 @@ def _nan_probe(x):
 
 
 def _row_cholesky(h, ridge, d):
-    """Unrolled ``d x d`` lower Cholesky of ``h + ridge I`` on ``(R,)`` row vectors.
+    """Unrolled ``d x d`` lower Cholesky of ``h + ridge I`` whose entries ``h[(p, q)]``
+    (p >= q) are vectors: ``(R,)`` rows in the kernels, ``(B,)`` atoms in the Schur solve.
 
     Returns ``(L, inv_diag, pivots)``: ``L[(p, q)]`` for p > q, ``1 / L[(p, p)]`` and
     the ``d`` pivots (``L[(p, p)]^2``).
@@ -202,6 +203,18 @@ def _row_cholesky(h, ridge, d):
             L[(i, j)] = (h[(i, j)] - dot) * inv_diag[j]
         pivots.append(pivot)
     return L, inv_diag, pivots
+
+
+def _solve_transposed(L, inv_diag, w):
+    """``x`` with ``L^T x = w`` for the unrolled factor of :func:`_row_cholesky` (any
+    entry shape: row vectors in the kernels, atom vectors in the Schur solve)."""
+    x = [None] * len(w)
+    for p in reversed(range(len(w))):
+        v = w[p]
+        for q in range(p + 1, len(w)):
+            v = v - L[(q, p)] * x[q]
+        x[p] = v * inv_diag[p]
+    return x
 
 
 def _row_bump(h, ridge, d, unit_roundoff):
@@ -341,13 +354,8 @@ def _back_kernel(*refs, d, K, block_rows):
     ck = jnp.arange(K, dtype=jnp.int32)
     delta_beta = _load(db_ref, pos * K + ck, ck < K, 0.0)
     L, inv_diag, _, Y, u = _whiten(row_ok, h, g, B, ridge_t_ref[pos], d)
-    w = [u[p] + jnp.sum(Y[p] * delta_beta[None, :], axis=1) for p in range(d)]
-    x = [None] * d
-    for p in reversed(range(d)):
-        v = w[p]
-        for q in range(p + 1, d):
-            v = v - L[(q, p)] * x[q]
-        x[p] = v * inv_diag[p]
+    x = _solve_transposed(L, inv_diag,
+                          [u[p] + jnp.sum(Y[p] * delta_beta[None, :], axis=1) for p in range(d)])
     row = row0 + local
     for p in range(d):
         _store(dt_ref, row * d + p, -x[p], row_ok)
@@ -361,25 +369,19 @@ MAX_UNROLLED_K = 16
 def _unrolled_cholesky_solve(S, rhs):
     """``L L^T x = rhs`` for ``(B, K, K)`` matrices, unrolled over the static ``K``: every
     entry of ``L``, ``z`` and ``x`` is a ``(B,)`` vector over atoms and every step is
-    elementwise, so XLA fuses the whole solve into a few kernels (Cholesky-Banachiewicz,
-    then the two substitutions).
+    elementwise, so XLA fuses the whole solve into a few kernels (the kernels' unrolled
+    :func:`_row_cholesky` and :func:`_solve_transposed` at size ``K``).
 
     Returns ``x (B, K)`` and ``L``'s diagonal ``(B, K)``. A pivot ``<= 0`` gives a NaN
     (negative) or zero (zero) diagonal entry, which the caller reads as "not PD"."""
     K = S.shape[-1]
     St = jnp.moveaxis(S, 0, -1)  # (K, K, B)
-    L, inv = {}, []
-    for j in range(K):
-        pivot = St[j, j] - sum((L[j, q] ** 2 for q in range(j)), start=0.0)
-        inv.append(jax.lax.rsqrt(pivot))
-        for i in range(j + 1, K):
-            L[i, j] = (St[i, j] - sum((L[i, q] * L[j, q] for q in range(j)), start=0.0)) * inv[j]
+    L, inv, _ = _row_cholesky({(i, j): St[i, j] for i in range(K) for j in range(i + 1)},
+                              0.0, K)
     z = []
     for j in range(K):
-        z.append((rhs[:, j] - sum((L[j, q] * z[q] for q in range(j)), start=0.0)) * inv[j])
-    x = [None] * K
-    for j in reversed(range(K)):
-        x[j] = (z[j] - sum((L[i, j] * x[i] for i in range(j + 1, K)), start=0.0)) * inv[j]
+        z.append((rhs[:, j] - sum((L[(j, q)] * z[q] for q in range(j)), start=0.0)) * inv[j])
+    x = _solve_transposed(L, inv, z)
     return jnp.stack(x, axis=-1), 1.0 / jnp.stack(inv, axis=-1)
 
 
