@@ -40,11 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
 from gpustat import border, distributed, distributed_fm, fm_train, mixture
-from gpustat.distributed_core import row_axis
 
 SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
 REPEATS = 20
@@ -132,15 +130,6 @@ def _border_case(rec, meshes, dtype):
                     "atoms", {"slots_per_device": slots})
 
 
-def _fm_epoch_args(data, orders, global_batch: int, mesh):
-    """The compiled data-parallel epoch's arguments, host tables built once (device-only timing)."""
-    d = len(orders)
-    table, counts = distributed_fm._local_batches(
-        data, distributed_fm._check_orders(data, orders, d), global_batch // d)
-    sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    return jax.device_put(table, sharding), jnp.asarray(counts, jnp.float32)
-
-
 def _fm_case(rec, meshes):
     n, p, z, k, bsz = (4096, 512, 8, 8, 256) if SMALL else (1 << 19, 1 << 15, 32, 32, 8192)
     rng = np.random.default_rng(2)
@@ -188,7 +177,7 @@ def _fm_case(rec, meshes):
             public[f"sharded_{d}gpu"] = time_fn(
                 lambda cfg=cfg, data=data, orders=orders, mesh=mesh: distributed.train_epoch(
                     cfg, params, opt_state, data, orders, mesh), [()], repeats=REPEATS)
-            table, counts = _fm_epoch_args(data, orders, cfg.batch_size, mesh)
+            table, counts = distributed_fm._epoch_tables(data, orders, cfg.batch_size, mesh)
             compiled["1gpu" if d == 1 else f"sharded_{d}gpu"] = time_fn(
                 lambda cfg=cfg, mesh=mesh, data=data, table=table, counts=counts:
                 distributed_fm._epoch(cfg, mesh, params, opt_state, data.rows, table, counts),

@@ -205,9 +205,14 @@ def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows,
     if cfg.batch_size % d:
         raise ValueError(f"cfg.batch_size must be a multiple of the device count {d}, got "
                          f"{cfg.batch_size=}")
-    orders = _check_orders(data, local_orders, d)
-    table, counts = _local_batches(data, orders, cfg.batch_size // d)
+    table, counts = _epoch_tables(data, local_orders, cfg.batch_size, mesh)
+    return _epoch(cfg, mesh, params, opt_state, data.rows, table, counts)
+
+
+def _epoch_tables(data: ShardedRows, local_orders, batch_size: int, mesh: Mesh):
+    """The host-built batch tables of one epoch, on the devices: (D, batches, B / D)
+    local row ids (sharded) and the (batches,) global row counts (replicated)."""
+    d = mesh_size(mesh)
+    table, counts = _local_batches(data, _check_orders(data, local_orders, d), batch_size // d)
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    dtype = data.rows.val.dtype
-    return _epoch(cfg, mesh, params, opt_state, data.rows, jax.device_put(table, sharding),
-                  jnp.asarray(counts, dtype))
+    return jax.device_put(table, sharding), jnp.asarray(counts, data.rows.val.dtype)
