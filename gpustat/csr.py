@@ -53,6 +53,27 @@ def _bucket_rows(indptr: np.ndarray) -> tuple[RowBuckets, tuple[np.ndarray, ...]
     return RowBuckets(widths, in_order), rows
 
 
+def check_field_ids(op: str, field_ids, p: int, n_fields: int, *, n_fields_name: str = "f",
+                    origin: str = "") -> Int[Array, " p"]:
+    """Validate a ``(p,)`` integer field id per feature in ``[0, n_fields)`` as int32.
+
+    The range is checked on concrete values only (skipped for tracers). ``op`` prefixes
+    every message; ``n_fields_name`` and ``origin`` say where the bound comes from.
+    """
+    field_ids = jnp.asarray(field_ids)
+    if field_ids.shape != (p,):
+        raise ValueError(f"{op}: field_ids must have shape (p,) = ({p},), got {field_ids.shape=}")
+    if not jnp.issubdtype(field_ids.dtype, jnp.integer):
+        raise TypeError(f"{op}: field_ids must hold integers, got {field_ids.dtype=}")
+    if not isinstance(field_ids, jax.core.Tracer) and p:
+        ids = np.asarray(field_ids)
+        if ids.min() < 0 or ids.max() >= n_fields:
+            bad = int(np.argmax((ids < 0) | (ids >= n_fields)))
+            raise ValueError(f"{op}: field_ids must lie in [0, {n_fields_name}={n_fields})"
+                             f"{origin}, got field_ids[{bad}]={ids[bad]}")
+    return field_ids.astype(jnp.int32)
+
+
 @jax.tree_util.register_pytree_node_class
 class CSR:
     """A sparse ``(n, p)`` matrix in compressed sparse row form, usable under ``jax.jit``.
@@ -217,19 +238,10 @@ class CSR:
         if isinstance(field_ids, jax.core.Tracer):
             raise TypeError("CSR.with_field_slots: field_ids must be a concrete array, got a "
                             "tracer")
-        fields = np.asarray(field_ids)
         n, p = self.shape
-        if fields.shape != (p,):
-            raise ValueError(f"CSR.with_field_slots: field_ids must have shape (p,) = ({p},), "
-                             f"got {fields.shape=}")
-        if not np.issubdtype(fields.dtype, np.integer):
-            raise TypeError(f"CSR.with_field_slots: field_ids must hold integers, got "
-                            f"{fields.dtype=}")
-        f = int(fields.max(initial=-1)) + 1 if n_fields is None else int(n_fields)
-        if p and (fields.min() < 0 or fields.max() >= f):
-            bad = int(np.argmax((fields < 0) | (fields >= f)))
-            raise ValueError(f"CSR.with_field_slots: field_ids must lie in [0, n_fields={f}), "
-                             f"got field_ids[{bad}]={fields[bad]}")
+        f = int(np.max(field_ids, initial=-1)) + 1 if n_fields is None else int(n_fields)
+        fields = np.asarray(check_field_ids("CSR.with_field_slots", field_ids, p, f,
+                                            n_fields_name="n_fields"))
         indptr = np.asarray(self.indptr)
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         slot = rows * f + fields[np.asarray(self.indices)]

@@ -39,7 +39,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from gpustat._backend import resolve_backend
-from gpustat.csr import CSR, dense_as_csr
+from gpustat.csr import CSR, check_field_ids, dense_as_csr
 from gpustat.factorization_grad import scores_with_vjp
 from gpustat.pallas import factorization as kernels
 from gpustat.reference import factorization as reference
@@ -141,24 +141,9 @@ def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
         if value is not None and _is_concrete(value) and not np.isfinite(np.asarray(value)).all():
             raise ValueError(f"{op}: {name} must be finite; it holds NaN or inf")
     if model != "fm":
-        field_ids = _check_field_ids(op, field_ids, p, V.shape[-2] if model == "ffm"
-                                     else R.shape[-1])
+        field_ids = check_field_ids(op, field_ids, p, V.shape[-2] if model == "ffm"
+                                    else R.shape[-1], origin=" (f from the parameters)")
     return (field_ids, w0, w, V, R), (classes[0] if classes else None)
-
-
-def _check_field_ids(op: str, field_ids, p: int, n_fields: int):
-    field_ids = jnp.asarray(field_ids)
-    if field_ids.shape != (p,):
-        raise ValueError(f"{op}: field_ids must have shape (p,) = ({p},), got {field_ids.shape=}")
-    if not jnp.issubdtype(field_ids.dtype, jnp.integer):
-        raise TypeError(f"{op}: field_ids must hold integers, got {field_ids.dtype=}")
-    if _is_concrete(field_ids) and p:
-        ids = np.asarray(field_ids)
-        if ids.min() < 0 or ids.max() >= n_fields:
-            bad = int(np.argmax((ids < 0) | (ids >= n_fields)))
-            raise ValueError(f"{op}: field_ids must lie in [0, f={n_fields}) (f from the "
-                             f"parameters), got field_ids[{bad}]={ids[bad]}")
-    return field_ids.astype(jnp.int32)
 
 
 # -- dispatch --------------------------------------------------------------------------------
