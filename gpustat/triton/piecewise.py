@@ -99,6 +99,15 @@ def _finish(y, u, x, lo, hi, MODE: tl.constexpr):
 
 
 @triton.jit
+def _uniform_guess(x, lo, scale, NUM_PIECES: tl.constexpr):
+    """floor((x - lo) * P / (hi - lo)) clipped to [0, P - 1] (0 for NaN x): the piece of
+    x on uniform breakpoints, up to one step off by rounding."""
+    t = tl.floor((x - lo) * scale)
+    t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
+    return t.to(tl.int32)
+
+
+@triton.jit
 def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
                        SIZE: tl.constexpr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
                        WIDTH: tl.constexpr, NUM_POLYS: tl.constexpr, LEVELS: tl.constexpr,
@@ -118,9 +127,7 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
     if UNIFORM:
         # rows hold [coefficients, 0..., x_i, x_{i+1}]: one gather gives the piece's
         # coefficients and both neighbouring breakpoints for the exactness check
-        t = tl.floor((x - lo) * tl.load(params_ptr + 2))
-        t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
-        guess = t.to(tl.int32)
+        guess = _uniform_guess(x, lo, tl.load(params_ptr + 2), NUM_PIECES)
         rows = tl.load(rows_ptr + (guess * WIDTH)[:, None] + cols[None, :],
                        eviction_policy="evict_last")
         left = tl.sum(tl.where(cols[None, :] == WIDTH - 2, rows, 0), axis=1)
@@ -236,9 +243,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
             x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
                              other=0, eviction_policy="evict_first")
         if UNIFORM:
-            t = tl.floor((x - lo) * scale)
-            t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
-            guess = t.to(tl.int32)
+            guess = _uniform_guess(x, lo, scale, NUM_PIECES)
             up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
             down = (guess > 0) & (x < tl.gather(keys, guess, 0))
             index = guess + up.to(tl.int32) - down.to(tl.int32)
