@@ -23,7 +23,6 @@ of the 2766 GB/s copy; XLA reference 49.25 ms, 7.5x); a 64-row cap 13.6-13.9 ms,
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -138,12 +137,8 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
     def back(arrays, betas):
         out = jax.ShapeDtypeStruct((lay.num_rows * lay.d,), arrays[0].dtype)
         for (K, atoms), beta in zip(groups.items(), betas):
-            R = config.block_rows_cap(lay.d, K, config.back_rows)
-            meta = jnp.asarray(kernels._back_meta(lay, atoms, R))
-            kernel = functools.partial(kernels._back_kernel, d=lay.d, K=K, block_rows=R)
-            out = kernels._call(kernel, (meta, ridges[atoms], *arrays[:3], beta.reshape(-1)),
-                                [out], interpret=False, num_warps=config.back_warps,
-                                programs=meta.size // kernels._BACK_META)[0]
+            out = kernels._back_substitution(lay, K, atoms, arrays, ridges, beta, out,
+                                             config=config, interpret=False)
         return out
 
     shape = (batch.num_atoms, lay.num_rows, lay.d)

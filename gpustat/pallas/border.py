@@ -456,6 +456,20 @@ def _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, *, config, interpre
     return S.reshape(B, K, K), r.reshape(B, K), stats
 
 
+def _back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t, *, config,
+                       interpret):
+    """Stage 3 over one ``K`` group's row chunks, writing into ``delta_t`` in place (a
+    ``jax.ShapeDtypeStruct`` before the first group that has rows)."""
+    rows = config.block_rows_cap(layout.d, K, config.back_rows)
+    meta = _back_meta(layout, atoms, rows)
+    if not meta.size:
+        return delta_t
+    kernel = functools.partial(_back_kernel, d=layout.d, K=K, block_rows=rows)
+    return _call(kernel, (jnp.asarray(meta), ridge_t[atoms], *arrays[:3],
+                          delta_beta.reshape(-1)), [delta_t], interpret=interpret,
+                 num_warps=config.back_warps, programs=meta.size // _BACK_META)[0]
+
+
 @functools.partial(jax.jit, static_argnames=("layout", "interpret", "config"))
 def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta,
                         *, interpret: bool = False, config: KernelConfig = KernelConfig()):
@@ -480,15 +494,8 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
                                 interpret=interpret, spare=spare)
         delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats,
                                                unrolled=not interpret and K <= MAX_UNROLLED_K)
-        # Stage 3 over this group's row chunks, writing delta_t in place.
-        rows = config.block_rows_cap(d, K, config.back_rows)
-        meta = _back_meta(layout, atoms, rows)
-        if meta.size:
-            kernel = functools.partial(_back_kernel, d=d, K=K, block_rows=rows)
-            delta_t = _call(kernel, (jnp.asarray(meta), ridge_t[atoms], arrays[0], arrays[1],
-                                     arrays[2], delta_beta.reshape(-1)), [delta_t],
-                            interpret=interpret, num_warps=config.back_warps,
-                            programs=meta.size // _BACK_META)[0]
+        delta_t = _back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t,
+                                     config=config, interpret=interpret)
         per_group.append(per_atom)
         order.append(atoms)
         beta_pad.append(delta_beta.reshape(-1))
