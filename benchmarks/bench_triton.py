@@ -38,22 +38,25 @@ from benchmarks.harness import Recorder, check_close, main_from_args, rotating_c
 from gpustat._backend import cuda_gpu_available
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as pallas_fm
-from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
-from gpustat.piecewise import PiecewisePolynomial
+from gpustat.pallas.piecewise import guide_tables, kernel_tables, ppoly_eval_tables
+from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.reference import factorization as reference_fm
 from gpustat.reference.piecewise import ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
-# Triton launch settings tried per piecewise case: (tables, block_n, num_warps, chunks);
-# None = the wrapper's default. "shared" stages the tables in shared memory, "cache"
-# gathers them from global memory through L1; "floor" is the shared kernel on a single
-# cubic piece (no search, every gather a broadcast): the cost of streaming x and y plus
-# Horner in that kernel's structure.
+# Triton launch settings tried per piecewise case: (tables, block_n, num_warps, chunks,
+# guided); None = the wrapper's default (guided: the bucket lookup of guide_tables).
+# "shared" stages the tables in shared memory, "cache" gathers them from global memory
+# through L1; "floor" is the shared kernel on a single cubic piece (no search, every
+# gather a broadcast): the cost of streaming x and y plus Horner in that structure.
 PPOLY_VARIANTS = {  # by table itemsize
-    4: [None, ("shared", 1024, 4, 16), ("shared", 512, 4, 16), ("shared", 2048, 8, 8),
-        ("shared", 512, 2, 16), ("cache", 2048, 4, None), ("floor", 1024, 4, 8)],
-    8: [None, ("shared", 512, 4, 16), ("shared", 256, 4, 16), ("shared", 1024, 8, 8),
-        ("cache", 512, 4, None), ("floor", 512, 4, 8)],
+    4: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 4, 1, False),
+        ("shared", 2048, 8, 4, True), ("shared", 2048, 8, 8, True),
+        ("shared", 2048, 8, 8, False), ("cache", 2048, 4, None, False),
+        ("floor", 4096, 8, 1, False)],
+    8: [None, ("shared", 4096, 8, 1, False), ("shared", 1024, 8, 8, True),
+        ("shared", 1024, 8, 8, False), ("shared", 2048, 8, 4, True),
+        ("cache", 512, 4, None, False), ("floor", 4096, 8, 1, False)],
 }
 # FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
 FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
@@ -71,13 +74,15 @@ def _ppoly_fns(pp, interpret: bool):
     pallas = jax.jit(functools.partial(ppoly_eval_tables, *tables_of(pp), **statics))
     one_piece = PiecewisePolynomial(np.asarray(pp.breakpoints)[[0, -1]],
                                     np.asarray(pp.coeffs)[:, :1])
+    guide = guide_tables(np.asarray(pp.breakpoints))
 
     def triton(variant):
         if variant is None:
-            return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), **statics))
-        tables, block_n, num_warps, chunks = variant
+            return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), guide=guide,
+                                             **statics))
+        tables, block_n, num_warps, chunks, guided = variant
         settings = dict(statics, block_n=block_n, num_warps=num_warps, tables=tables,
-                        chunks=chunks)
+                        chunks=chunks, guide=guide if guided else None)
         if tables == "floor":
             settings.update(num_pieces=1, uniform=False, tables="shared")
             return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(one_piece),
@@ -123,7 +128,8 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
 
     def label(v):
         return "default" if v is None else (f"tables={v[0]},block_n={v[1]},num_warps={v[2]}"
-                                             + (f",chunks={v[3]}" if v[3] else ""))
+                                             + (f",chunks={v[3]}" if v[3] else "")
+                                             + (",guided" if v[4] else ""))
     cases = [("search", np.float32, jnp.float32, big), ("uniform", np.float32, jnp.float32, big),
              ("search", np.float32, jnp.bfloat16, big), ("uniform", np.float32, jnp.bfloat16, big),
              ("search", np.float64, jnp.float64, big), ("uniform", np.float64, jnp.float64, big),
@@ -140,7 +146,7 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
         sets = (rotating_copies(lambda i, n=n, d=x_dtype: (points(n, d, 10 + i),),
                                 n * jnp.dtype(x_dtype).itemsize) if cached
                 else [(points(n, x_dtype, 1),)])
-        calls = 10 if cached else 1
+        calls = 10 if cached else None  # None: back-to-back calls filling >= 2 ms
         expected = xla(*sets[0])
         f64 = jnp.dtype(x_dtype) == jnp.float64
         tol = dict(rtol=1e-2, atol=8.0) if x_dtype == jnp.bfloat16 else (
@@ -162,6 +168,15 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
         variants = [v for v in variants if v in timings]
         timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
         nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
+        if not cached:  # what a user's pp(x) runs (backend "auto": guide, 16-bit table)
+            public = jax.jit(lambda v, pp=pp: ppoly_eval(pp, v))
+            error = device_check(f"{name}/public_auto", public(*sets[0]), expected, **tol)
+            timing = time_fn(public, sets, calls_per_repeat=calls)
+            rec.record(f"{name}/public_auto", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                       backend="auto", timing=timing, bytes_moved=nbytes, items=n,
+                       item_name="points", baseline=f"{name}/xla_reference",
+                       extra={"max_rel_error": error,
+                              "speedup_vs_xla": timings["xla"].median_ms / timing.median_ms})
         if cached:  # torchPACE's shape: the trivial a*x+b timed the same way
             rec.record(f"{name}/axpb", shape=(n,), dtype=jnp.dtype(x_dtype).name, backend="xla",
                        timing=time_fn(jax.jit(lambda v: 1.5 * v + 0.25), sets,

@@ -50,6 +50,10 @@ _UNIFORM_SLACK = 0.25
 # took 0.044 ms per call vs 0.049 ms for the kernel, so "auto" takes XLA there;
 # at N = 2^26 the kernel is 1.7x faster, and with a search it wins at every size.
 _XLA_UNIFORM_MAX_N = 1 << 21
+# float16/bfloat16 x with at least this many points is evaluated through a table of
+# the polynomial at all 65,536 16-bit values (see _dispatch): above it the lookup
+# measured faster than evaluating each point.
+_TABLE_LOOKUP_MIN_POINTS = 1 << 22
 
 
 def _is_concrete(*arrays) -> bool:
@@ -356,15 +360,18 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu):
-    """Kernel tables; for a concrete polynomial built once on the host and kept."""
-    from gpustat.pallas.piecewise import kernel_tables
+    """Kernel tables and the guide of the Triton kernel's bucketed lookup (None unless
+    the breakpoints are concrete); for a concrete polynomial built once on the host."""
+    from gpustat.pallas.piecewise import guide_tables, kernel_tables
 
     if not _is_concrete(breakpoints, coeffs):
-        return kernel_tables(breakpoints, coeffs, pp.uniform)
+        guide = guide_tables(np.asarray(breakpoints)) if _is_concrete(breakpoints) else None
+        return (*kernel_tables(breakpoints, coeffs, pp.uniform), guide)
     cache = pp.__dict__.setdefault("_kernel_tables", {})
     key = (nu, coeffs.dtype.name)
     if key not in cache:
-        cache[key] = kernel_tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform)
+        bp = np.asarray(breakpoints)
+        cache[key] = (*kernel_tables(bp, np.asarray(coeffs), pp.uniform), guide_tables(bp))
     return cache[key]
 
 
@@ -373,15 +380,29 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
     if path == "reference":
         return ref.ppoly_eval_reference(breakpoints, coeffs, x, extrapolate=extrapolate,
                                         uniform=uniform).astype(x.dtype)
+    if jnp.dtype(x.dtype).itemsize == 2 and x.size >= _TABLE_LOOKUP_MIN_POINTS:
+        # A 16-bit x takes at most 65,536 values: the kernel evaluates every one of
+        # them once and each point looks its value up (elementwise: the same results).
+        every = jax.lax.bitcast_convert_type(jnp.arange(1 << 16, dtype=jnp.uint16), x.dtype)
+        values = _kernel_eval(breakpoints, coeffs, every, tables, extrapolate, uniform, path)
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.int32)
+        return values.at[bits].get(mode="promise_in_bounds")
+    return _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path)
+
+
+def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
+    """The Pallas, interpreted or Triton kernel at every x."""
     from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
 
-    keys, rows, params = kernel_tables(breakpoints, coeffs, uniform) if tables is None else tables
+    keys, rows, params, guide = ((*kernel_tables(breakpoints, coeffs, uniform), None)
+                                 if tables is None else tables)
     trailing = coeffs.shape[2:]
     if path == "triton":  # one launch; trailing polynomials share each point's search
         from gpustat.triton.piecewise import ppoly_eval_triton
 
         y = ppoly_eval_triton(keys, rows, params, x.reshape(-1), num_pieces=coeffs.shape[1],
-                              degree=coeffs.shape[0] - 1, extrapolate=extrapolate, uniform=uniform)
+                              degree=coeffs.shape[0] - 1, extrapolate=extrapolate, uniform=uniform,
+                              guide=guide)
         return y.reshape(x.shape + trailing)
     kernel = functools.partial(ppoly_eval_tables, keys, params=params, x=x.reshape(-1),
                                num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,

@@ -22,7 +22,7 @@ import gpustat.triton as gtriton
 from gpustat._backend import BackendUnavailableError
 from gpustat.csr import CSR
 from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
-from gpustat.pallas.piecewise import kernel_tables
+from gpustat.pallas.piecewise import guide_tables, kernel_tables
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import ppoly_eval_reference
@@ -204,17 +204,96 @@ def _check_16bit(got, expected, dtype):
     assert np.all(close | (np.isnan(got) & np.isnan(rounded)) | (got == rounded))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("grid", ["graded", "uniform", "random"])
+def test_guide_tables_give_searchsorted_pieces(dtype, grid):
+    # the kernel's rule (bucket as the kernel computes it, then first + (x >= split))
+    # against np.searchsorted at random points and at every breakpoint +- 1 ulp
+    rng = np.random.default_rng(21)
+    t = np.linspace(-1.0, 1.0, 257)
+    bp = {"graded": 8.0 * np.sinh(2.5 * t) / np.sinh(2.5), "uniform": 3.0 * t - 1.0,
+          "random": np.sort(rng.uniform(-1.0, 1.0, 33))}[grid].astype(dtype)
+    guide = guide_tables(bp)
+    if grid == "random":  # 33 random breakpoints: some closer than 1/1024 of the range
+        assert guide is None or guide[0].shape[0] <= 1024
+        if guide is None:
+            return
+    first, knots, scale = guide
+    assert first.dtype == np.int32 and knots.dtype == dtype and knots.shape == (first.size, 2)
+    x = np.concatenate([rng.uniform(-9.0, 9.0, 20_000), bp, np.nextafter(bp, np.inf),
+                        np.nextafter(bp, -np.inf), [np.inf, -np.inf]]).astype(dtype)
+    b = np.floor((x - bp[0]) * scale[0])
+    b = np.clip(b, 0, first.size - 1).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        piece = first[b] + (x >= knots[b, 1])
+    expected = np.clip(np.searchsorted(bp[1:-1], x, side="right"), 0, bp.size - 2)
+    np.testing.assert_array_equal(piece, expected)
+    np.testing.assert_array_equal(np.where(x >= knots[b, 1], knots[b, 1], knots[b, 0]),
+                                  bp[expected])
+
+
+def test_guide_tables_decline_clustered_breakpoints():
+    bp = np.array([0.0, 0.5, 0.5 + 1e-7, 1.0])  # two breakpoints in any bucket of 1/1024
+    assert guide_tables(bp) is None
+    assert guide_tables(np.array([-1.0, 1.0]))[0].shape == (16,)  # one piece: 16 buckets
+
+
 class TestPiecewiseTritonKernel:
     @pytest.fixture(autouse=True, params=BACKENDS)
     def _backend(self, request):
         self.interpret = request.param == "interpret"
 
-    def run(self, bp, c, x, dtype, mode, uniform, **settings):
+    def run(self, bp, c, x, dtype, mode, uniform, guided=False, **settings):
         keys, rows, params = kernel_tables(np.asarray(bp, dtype), np.asarray(c, dtype), uniform)
+        if guided:
+            guide = guide_tables(np.asarray(bp, dtype))
+            assert guide is not None
+            settings["guide"] = tuple(map(jnp.asarray, guide))
         return gtriton_piecewise().ppoly_eval_triton(
             jnp.asarray(keys), jnp.asarray(rows), jnp.asarray(params), x,
             num_pieces=c.shape[1], degree=c.shape[0] - 1, extrapolate=mode, uniform=uniform,
             interpret=self.interpret, **settings)
+
+    @pytest.mark.parametrize("mode", ["extend", "nan", "clamp", "periodic"])
+    @pytest.mark.parametrize("grid", ["graded", "uniform", "one_piece"])
+    def test_guided_lookup_float64_equals_reference_and_scipy(self, mode, grid):
+        # graded: pieces from 0.03 to 0.3 wide (a 256-bucket guide); chunks=2 and 33
+        # blocks of 16 points: a second program with a block past the end
+        rng = np.random.default_rng(11)
+        num_pieces = {"graded": 40, "uniform": 7, "one_piece": 1}[grid]
+        t = np.linspace(-1.0, 1.0, num_pieces + 1)
+        bp = 3.0 * np.sinh(1.5 * t) if grid == "graded" else 2.5 * t + 0.5
+        c = rng.normal(size=(4, num_pieces))
+        x = np.concatenate([rng.uniform(-5.0, 6.0, 400), bp, np.nextafter(bp, np.inf),
+                            np.nextafter(bp, -np.inf), [np.inf, -np.inf, np.nan]])
+        uniform = grid == "uniform"
+        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float64, mode, uniform, guided=True,
+                                  block_n=16, chunks=2, tables="shared"))
+        expected = _ppoly_expected(bp, c, x, jnp.float64, mode, uniform)
+        assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+        inside = (x >= bp[0]) & (x < bp[-1]) & (np.arange(x.shape[0]) < 400)
+        assert_close(got[inside], PPoly(c, bp)(x[inside]), rtol=1e-12, atol=1e-12)
+
+    @pytest.mark.parametrize("dtype, degree", [("float32", 3), ("float32", 0),
+                                               ("bfloat16", 2)])
+    def test_guided_lookup_float32_tables(self, dtype, degree):
+        # float32: (left knot, split) travel as one 64-bit word (unpaired for degree 0)
+        bp = (4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 65)) / np.sinh(2.0)).astype(np.float32)
+        c = np.random.default_rng(12).normal(size=(degree + 1, 64)).astype(np.float32)
+        x = np.concatenate([np.random.default_rng(13).uniform(-5.0, 5.0, 300), bp,
+                            np.nextafter(bp, np.float32(np.inf)),
+                            np.nextafter(bp, np.float32(-np.inf))]).astype(np.float32)
+        xs = jnp.asarray(x, dtype)
+        got = self.run(bp, c, xs, np.float32, "extend", False, guided=True, block_n=64,
+                       tables="shared")
+        expected = _ppoly_expected(bp, c, np.asarray(xs, np.float32), jnp.float32, "extend",
+                                   False)
+        if dtype == "float32":
+            terms = np.sum(np.abs(c)) * 5.0 ** degree
+            assert_close(got, expected, rtol=tol(np.float32, "kernel"),
+                         atol=tol(np.float32, "kernel") * terms)
+        else:
+            _check_16bit(got, expected, dtype)
 
     @pytest.mark.parametrize("tables", ["shared", "cache"])
     @pytest.mark.parametrize("mode, uniform", [

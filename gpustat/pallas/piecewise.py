@@ -37,6 +37,7 @@ from gpustat.reference.piecewise import EXTRAPOLATE_MODES
 __all__ = [
     "default_config",
     "eytzinger_order",
+    "guide_tables",
     "kernel_tables",
     "ppoly_eval_pallas",
     "ppoly_eval_tables",
@@ -86,6 +87,11 @@ def _search_levels(num_pieces: int) -> int:
     return (num_pieces - 1).bit_length()
 
 
+# Most buckets of the guided lookup (guide_tables): 1024 int32 + 64-bit words are 24
+# registers a thread at 4 warps before the Triton kernel stages them.
+_GUIDE_MAX_BUCKETS = 1024
+
+
 def kernel_tables(breakpoints, coeffs, uniform: bool):
     """(keys, rows, params) the kernel reads, in ``coeffs``' dtype.
 
@@ -117,6 +123,35 @@ def kernel_tables(breakpoints, coeffs, uniform: bool):
     lo, hi = breakpoints[0], breakpoints[-1]
     params = xp.stack([lo, hi, num_pieces / (hi - lo), xp.zeros((), dtype)]).astype(dtype)
     return keys, rows, params
+
+
+def guide_tables(breakpoints) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Tables of the guided piece lookup for concrete breakpoints, or None.
+
+    M equal buckets over [x_0, x_P], M the smallest power of two >= max(P, 16) that
+    puts at most one interior breakpoint in each bucket, up to 1024 (None beyond:
+    the kernel keeps its search). Returns (first piece (M,) int32, (left knot of
+    that piece, the bucket's breakpoint or NaN) (M, 2), [M / (x_P - x_0)]) in the
+    breakpoints' dtype. A breakpoint's bucket is computed exactly as the kernel
+    computes a point's (same dtype, same two operations, same clipping), and the
+    map is monotone, so points of a bucket lie on either side of that one
+    breakpoint only: the kernel's ``x >= split`` test is exact.
+    """
+    bp = np.asarray(breakpoints)
+    lo, hi, interior = bp[0], bp[-1], bp[1:-1]
+    buckets = max(next_pow2(bp.size - 1), 16)
+    while buckets <= _GUIDE_MAX_BUCKETS:
+        scale = np.asarray([bp.dtype.type(buckets) / (hi - lo)], bp.dtype)
+        bucket = np.clip(np.floor((interior - lo) * scale[0]), 0, buckets - 1).astype(np.int64)
+        counts = np.bincount(bucket, minlength=buckets)
+        if counts.max(initial=0) <= 1:
+            first = (np.cumsum(counts) - counts).astype(np.int32)
+            split = np.full(buckets, np.nan, bp.dtype)
+            split[bucket] = interior
+            return first, np.stack([bp[first], split], axis=1), scale
+        buckets *= 2
+    return None
+
 
 
 def _column(rows, cols, k):

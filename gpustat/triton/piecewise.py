@@ -7,6 +7,10 @@ a power-of-two width W, and ``[x_0, x_P, P / (x_P - x_0), 0]``. x is streamed
 once (read in its own dtype, evicted first) and y written once. The piece
 index is found once per point:
 
+* guided (concrete breakpoints, :func:`gpustat.pallas.piecewise.guide_tables`;
+  shared-memory kernel): the point's bucket on a grid of up to 1024 equal
+  buckets, each holding at most one interior breakpoint, gives its piece with
+  two lookups, ``first[b] + (x >= split[b])``, whatever the grading;
 * uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
   comparison with each neighbouring breakpoint makes it exact;
 * otherwise ``node = 2 * node + (key[node] <= x)`` for ceil(log2 P) levels over
@@ -16,20 +20,22 @@ index is found once per point:
 Two kernels differ in where the tables are read from:
 
 * shared memory (one polynomial, P <= 1024; the default there): a program
-  loads the keys and each coefficient column into registers and looks them up
-  with ``tl.gather``, which goes through shared memory: a warp's random lookups
-  cost a few bank conflicts instead of one L1 wavefront per distinct 128-byte
-  line. float32 columns travel in 64-bit pairs. A program walks ``chunks``
-  blocks, prefetching the next block's x;
+  loads the tables into registers and looks them up with ``tl.gather``, which
+  goes through shared memory: a warp's random lookups cost a few bank conflicts
+  instead of one L1 wavefront per distinct 128-byte line. float32 columns (and
+  the guide's (left knot, split) pairs) travel as 64-bit words. A program walks
+  ``chunks`` blocks, prefetching the next block's x;
 * the caches (trailing polynomials): gathers from global memory through L1; on
   a uniform grid the breakpoints ride in the coefficient row
   (:func:`uniform_rows`), so a point costs one gather. Polynomials on shared
   breakpoints (trailing axes ``t``) reuse the index: the kernel loops over them,
   gathering one W-wide row per point and polynomial, and writes ``y[i, t]``.
 
-Measured on an H100 (``docs/piecewise.md``), both are bound by per-program
-latency rather than HBM or the lookups: the shared-memory kernel on a single
-piece (no search) already runs at 50-58% of copy bandwidth in float32.
+Measured on an H100 (``docs/piecewise.md``): a plain Triton copy kernel reaches
+the copy bandwidth, and this kernel's time is the same for bfloat16, float32,
+guided and searched lookups (~0.27 ms for 2^26 points), so it is bound by the
+random shared-memory lookups (about 20 bank-conflicted wavefronts per warp and
+point block of 32), not by HBM or by instruction count.
 Horner runs in the table's dtype (float32 for 16-bit x) with a restart on a zero
 accumulator (no 0 * inf at +-inf), exactly as the reference.
 """
@@ -49,17 +55,18 @@ from gpustat.reference.piecewise import EXTRAPOLATE_MODES
 from gpustat.triton import _STREAMING_POINTS
 from gpustat.triton._common import CompileCase, launch
 
-__all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton", "staging_supported",
-           "uniform_rows"]
+__all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
+           "staging_supported", "uniform_rows"]
 
 # Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points).
 # Shared-memory kernel: the fastest settings of the H100 sweeps in
-# benchmarks/results/nvidia-h100-80gb-hbm3/triton.jsonl (commits 1c0063c and 0eca8aa;
-# P = 256, D = 3); run-to-run spread there was 10-20%.
+# benchmarks/results/nvidia-h100-80gb-hbm3/triton.jsonl (P = 256, D = 3; run-to-run
+# spread 10-20%). Streaming (2^26 points, guided lookup): float32 0.272 ms searched,
+# 0.255 uniform; float64 0.539 / 0.464. 2e6 points searched: 0.0386 ms (commit 0eca8aa).
 _STAGED_LAUNCH = {
-    (4, True): (2048, 4, 1),  # 2^26 points: 0.411 ms searched, 0.408 ms uniform
-    (4, False): (2048, 8, 8),  # 2e6 points searched: 0.0386 ms
-    (8, True): (1024, 8, 8),  # 2^26 points: 0.668 ms searched, 0.606 ms uniform
+    (4, True): (4096, 8, 1),
+    (4, False): (2048, 8, 8),
+    (8, True): (4096, 8, 1),
     (8, False): (1024, 8, 8),
 }
 # Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
@@ -205,13 +212,59 @@ def _staged_coefficient(columns, k: tl.constexpr, index, PAIRED: tl.constexpr):
 
 
 @triton.jit
-def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
+def _bucket_tables(bucket_piece_ptr, bucket_knots_ptr, BUCKETS: tl.constexpr,
+                   PAIRED: tl.constexpr):
+    """The guide tables in registers: (first piece, knots, second).
+
+    Paired (float32): knots is one 64-bit word per bucket, the left knot in the low
+    half and the split in the high half, and second repeats it (unused). Otherwise
+    knots and second are the left-knot and split columns.
+    """
+    slots = tl.arange(0, BUCKETS)
+    piece = tl.load(bucket_piece_ptr + slots)
+    if PAIRED:
+        knots = tl.load(bucket_knots_ptr.to(tl.pointer_type(tl.uint64)) + slots)
+        second = knots
+    else:
+        knots = tl.load(bucket_knots_ptr + 2 * slots)
+        second = tl.load(bucket_knots_ptr + 2 * slots + 1)
+    return piece, knots, second
+
+
+@triton.jit
+def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: tl.constexpr):
+    """(piece index, its left knot) of each x from the guide tables.
+
+    Bucket b = floor((x - x_0) * M / (x_P - x_0)) clipped to [0, M - 1] (0 for NaN);
+    ``guide_tables`` (:mod:`gpustat.pallas.piecewise`) computed b for every interior
+    breakpoint with the same arithmetic, so at most one breakpoint (``split``; NaN
+    for none, which compares false) can lie on either side of the points of a
+    bucket: piece = first + (x >= split).
+    """
+    t = tl.floor((x - lo) * bucket_scale)
+    t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), BUCKETS - 1.0), 0.0)
+    bucket = t.to(tl.int32)
+    first = tl.gather(buckets[0], bucket, 0)
+    if PAIRED:
+        word = tl.gather(buckets[1], bucket, 0)
+        left = word.to(tl.uint32).to(tl.float32, bitcast=True)
+        split = (word >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    else:
+        left = tl.gather(buckets[1], bucket, 0)
+        split = tl.gather(buckets[2], bucket, 0)
+    index = first + tl.where(x >= split, 1, 0)
+    return index, tl.where(index != first, split, left)
+
+
+@triton.jit
+def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, bucket_piece_ptr,
+                              bucket_knots_ptr, bucket_scale_ptr, out_ptr,
                               SIZE: tl.constexpr, NUM_PIECES: tl.constexpr,
                               DEGREE: tl.constexpr, WIDTH: tl.constexpr, LEVELS: tl.constexpr,
                               UNIFORM: tl.constexpr, MODE: tl.constexpr,
                               INDEX_64: tl.constexpr, TABLE: tl.constexpr,
                               KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr,
-                              CHUNKS: tl.constexpr):
+                              CHUNKS: tl.constexpr, BUCKETS: tl.constexpr):
     # A program reads the keys and each coefficient column once into registers,
     # then walks CHUNKS blocks of BLOCK_N points; every lookup is a tl.gather
     # through shared memory (a warp's random lookups cost a few bank conflicts
@@ -221,11 +274,15 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
     lo = tl.load(params_ptr)
     hi = tl.load(params_ptr + 1)
     scale = tl.load(params_ptr + 2)
-    slots = tl.arange(0, KEYS)
-    if UNIFORM:  # keys: the P+1 sorted breakpoints
-        keys = tl.load(keys_ptr + slots, mask=slots <= NUM_PIECES, other=float("inf"))
-    else:  # keys: the Eytzinger tree of the interior breakpoints
-        keys = tl.load(keys_ptr + slots)
+    if BUCKETS > 0:  # guided: per bucket its first piece and (left knot, split)
+        buckets = _bucket_tables(bucket_piece_ptr, bucket_knots_ptr, BUCKETS, PAIRED)
+        bucket_scale = tl.load(bucket_scale_ptr)
+    else:
+        slots = tl.arange(0, KEYS)
+        if UNIFORM:  # keys: the P+1 sorted breakpoints
+            keys = tl.load(keys_ptr + slots, mask=slots <= NUM_PIECES, other=float("inf"))
+        else:  # keys: the Eytzinger tree of the interior breakpoints
+            keys = tl.load(keys_ptr + slots)
     if CHUNKS > 1:  # read once, kept in registers across the blocks
         columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
 
@@ -242,7 +299,9 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
             following = offsets + BLOCK_N
             x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
                              other=0, eviction_policy="evict_first")
-        if UNIFORM:
+        if BUCKETS > 0:
+            index, knot = _guided_piece(buckets, x, lo, bucket_scale, BUCKETS, PAIRED)
+        elif UNIFORM:
             guess = _uniform_guess(x, lo, scale, NUM_PIECES)
             up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
             down = (guess > 0) & (x < tl.gather(keys, guess, 0))
@@ -304,7 +363,7 @@ def default_launch(table_dtype, size: int, staged: bool) -> tuple[int, int, int]
 
 def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
               extrapolate: str, uniform: bool, block_n: int | None, staged: bool,
-              chunks: int | None = None) -> dict:
+              chunks: int | None = None, buckets: int = 0) -> dict:
     """The constexprs of one call of the shared-memory (``staged``) or the cached-table kernel."""
     num_polys = 1
     for s in rows_shape[:-2]:
@@ -319,7 +378,8 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
     if staged:
         paired = jnp.dtype(table_dtype) == jnp.float32 and rows_shape[-1] >= 2
         settings.update(TABLE=next_pow2(num_pieces), PAIRED=paired, CHUNKS=chunks,
-                        KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels)
+                        KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels,
+                        BUCKETS=buckets)
     else:
         settings.update(NUM_POLYS=num_polys)
     return settings
@@ -327,16 +387,17 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
 
 @functools.cache
 def _batched_launcher(config: tuple):
-    """``(keys, rows, params, x) -> y`` for one static config, with a vmap rule.
+    """``(keys, rows, params, first, knots, scale, x) -> y`` for one static config, with
+    a vmap rule (``first, knots, scale``: ``guide_tables``, or placeholders).
 
     Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
     flattened points; batched tables (rare) launch once per batch element.
     """
     (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
-     chunks) = config
+     chunks, guided) = config
 
     @jax.custom_batching.custom_vmap
-    def evaluate(keys, rows, params, x):
+    def evaluate(keys, rows, params, first, knots, scale, x):
         size = x.shape[0]
         trailing = rows.shape[:-2]
         if size == 0:
@@ -347,10 +408,13 @@ def _batched_launcher(config: tuple):
             rows = uniform_rows(keys, rows, degree)
         settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
                              degree=degree, extrapolate=extrapolate, uniform=uniform,
-                             block_n=block_n, staged=staged, chunks=chunks)
+                             block_n=block_n, staged=staged, chunks=chunks,
+                             buckets=first.shape[0] if guided else 0)
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         per_program = settings["BLOCK_N"] * settings.get("CHUNKS", 1)
-        y = launch(kernel, (x, keys, rows, params),
+        operands = (x, keys, rows, params, first, knots, scale) if staged else (x, keys, rows,
+                                                                                 params)
+        y = launch(kernel, operands,
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
                    (triton.cdiv(size, per_program),),
                    num_warps=num_warps or default_launch(rows.dtype, size, staged)[1],
@@ -358,14 +422,15 @@ def _batched_launcher(config: tuple):
         return y.reshape((size, *trailing))
 
     @evaluate.def_vmap
-    def _vmap(axis_size, in_batched, keys, rows, params, x):
+    def _vmap(axis_size, in_batched, keys, rows, params, first, knots, scale, x):
         *tables_batched, x_batched = in_batched
+        tables = (keys, rows, params, first, knots, scale)
         if not any(tables_batched):
             x = x if x_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-            y = evaluate(keys, rows, params, x.reshape(-1))
+            y = evaluate(*tables, x.reshape(-1))
             return y.reshape((axis_size, *x.shape[1:], *y.shape[1:])), True
         args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
-                for a, b in zip((keys, rows, params, x), in_batched)]
+                for a, b in zip((*tables, x), in_batched)]
         return jax.lax.map(lambda a: evaluate(*a), args), True
 
     return evaluate
@@ -378,7 +443,7 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
                       num_warps: int | None = None, tables: str | None = None,
-                      chunks: int | None = None) -> jax.Array:
+                      chunks: int | None = None, guide: tuple | None = None) -> jax.Array:
     """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
 
     Args:
@@ -397,6 +462,10 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
             global memory through L1) or None (shared where supported).
         chunks: blocks of ``block_n`` points per program of the shared-memory
             kernel (tables read once per program, next block's x prefetched).
+        guide: :func:`gpustat.pallas.piecewise.guide_tables` of the breakpoints,
+            or None. The shared-memory kernel then finds a point's piece from its
+            bucket (two lookups) instead of the uniform guess or the Eytzinger
+            search of ``keys``.
 
     Returns:
         (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not
@@ -411,32 +480,46 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
     if tables == "shared" and not staging_supported(rows.shape, num_pieces):
         raise ValueError(f"tables='shared' needs one polynomial and P <= {_STAGED_MAX_PIECES}, "
                          f"got {rows.shape=}")
+    if guide is None:  # placeholders: the kernel reads them only when guided
+        guide = (jnp.zeros((1,), jnp.int32), jnp.zeros((1, 2), rows.dtype),
+                 jnp.zeros((1,), rows.dtype))
+        guided = False
+    else:
+        guided = True
+        if len(guide) != 3 or guide[1].dtype != rows.dtype:
+            raise ValueError(f"guide must be guide_tables(breakpoints) in {rows.dtype}")
     config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
-              chunks)
-    return _batched_launcher(config)(keys, rows, params, x)
+              chunks, guided)
+    return _batched_launcher(config)(keys, rows, params, *guide, x)
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
     """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces)."""
     cases = []
-    for x_dtype, dtype, uniform, extrapolate, polys, size in [
-        # polys 0: one polynomial, shared tables; 2^23 points: the streaming defaults
-        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23),
-        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000),
-        (jnp.float64, jnp.float64, False, "periodic", 0, 5000),
-        (jnp.float64, jnp.float64, True, "clamp", 0, 1 << 23),
-        (jnp.float16, jnp.float32, False, "clamp", 3, 5000),  # trailing: cached tables
-        (jnp.float64, jnp.float64, True, "periodic", 2, 5000),
+    for x_dtype, dtype, uniform, extrapolate, polys, size, buckets in [
+        # polys 0: one polynomial, shared tables; 2^23 points: the streaming defaults;
+        # buckets > 0: the guided lookup (1024 buckets: the benchmark's graded grid)
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 1024),
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 0),
+        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 256),
+        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 0),
+        (jnp.float64, jnp.float64, False, "periodic", 0, 5000, 0),
+        (jnp.float64, jnp.float64, False, "extend", 0, 1 << 23, 1024),
+        (jnp.float64, jnp.float64, True, "clamp", 0, 1 << 23, 0),
+        (jnp.float16, jnp.float32, False, "clamp", 3, 5000, 0),  # trailing: cached tables
+        (jnp.float64, jnp.float64, True, "periodic", 2, 5000, 0),
     ]:
         staged = polys == 0
         rows_shape = (256, 4) if staged else (polys, 256, 8 if uniform else 4)
         settings = _settings(x_dtype, dtype, size, rows_shape, num_pieces=256, degree=3,
                              extrapolate=extrapolate, uniform=uniform, block_n=None,
-                             staged=staged)
-        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{'uniform' if uniform else 'search'},"
-                f"{extrapolate},{'shared' if staged else f't={polys}'},n={size}]")
+                             staged=staged, buckets=buckets)
+        lookup = f"guided{buckets}" if buckets else "uniform" if uniform else "search"
+        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{lookup},{extrapolate},"
+                f"{'shared' if staged else f't={polys}'},n={size}]")
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
-        cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, x_dtype),
+        guide = (jnp.int32, dtype, dtype) if staged else ()
+        cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, *guide, x_dtype),
                                  settings, default_launch(dtype, size, staged)[1]))
     return tuple(cases)
 

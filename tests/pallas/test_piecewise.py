@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import PPoly
 
+import gpustat.piecewise
 from gpustat.pallas.piecewise import eytzinger_order, ppoly_eval_pallas
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.piecewise_activations import activation
@@ -101,6 +102,22 @@ class TestPiecewiseKernel(KernelTests):
         expected = np.asarray(jnp.asarray(exact, jnp.float32).astype(dtype), np.float64)
         spacing = np.asarray(jnp.finfo(dtype).eps) * np.maximum(np.abs(expected), 1e-2)
         assert np.all(np.abs(np.asarray(got, np.float64) - expected) <= 2 * spacing + 4e-7)
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    def test_16bit_table_lookup_equals_evaluating_each_point(self, dtype, monkeypatch):
+        # above the threshold the kernel runs once over all 65,536 16-bit values and the
+        # points look theirs up: bitwise the values of evaluating every point
+        rng = np.random.default_rng(14)
+        pp = PiecewisePolynomial(np.sort(rng.uniform(-3, 3, 10)).astype(np.float32),
+                                 rng.normal(size=(4, 9, 2)).astype(np.float32), extrapolate="nan")
+        x = np.concatenate([rng.uniform(-4, 4, 2997), [np.inf, -np.inf, np.nan]])
+        x = jnp.asarray(x, dtype)
+        monkeypatch.setattr(gpustat.piecewise, "_TABLE_LOOKUP_MIN_POINTS", 1 << 40)
+        each = np.asarray(pp(x, backend=self.backend), np.float64)
+        monkeypatch.setattr(gpustat.piecewise, "_TABLE_LOOKUP_MIN_POINTS", 1000)
+        looked_up = pp(x.reshape(3, 1000), backend=self.backend)  # new shape: traced anew
+        assert looked_up.dtype == x.dtype and looked_up.shape == (3, 1000, 2)
+        np.testing.assert_array_equal(np.asarray(looked_up, np.float64).reshape(-1, 2), each)
 
     def test_float32_few_ulp_of_float64(self):
         pp32 = activation("tanh", num_pieces=128, dtype=jnp.float32)
