@@ -1,6 +1,7 @@
 """Mixture kernels (interpret mode on CPU, compiled on a GPU) vs the reference ops."""
 
 import dataclasses
+import functools
 import warnings
 
 import jax
@@ -36,27 +37,28 @@ def kernel_rtol(dtype):
 
 
 # size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32
-# features. float32 is also covered at k = 256 below and by the label tests. The last
-# column picks the second-moment products of the statistics kernels.
-CASES = [(1, 2, 1, np.float64, "quadratic"), (37, 3, 9, np.float64, "coordinate"),
-         (50, 17, 9, np.float32, "quadratic")]
+# and three feature chunks (128 + 32 + 16). float32 is also covered at k = 256 below and by
+# the label tests. The last column is the density form.
+CASES = [(1, 2, 1, np.float64, "quadratic"), (1, 2, 1, np.float64, "whitened"),
+         (37, 3, 9, np.float64, "whitened"), (37, 3, 9, np.float64, "quadratic"),
+         (50, 17, 9, np.float32, "quadratic"), (50, 17, 9, np.float32, "whitened")]
 
 
 class TestMixtureKernels(KernelTests):
     def compiled_kwargs(self):
         return dict(interpret=True) if self.backend == "interpret" else {}
 
-    @pytest.mark.parametrize("n,p,k,dtype,moments", CASES)
-    def test_densities_and_suff_stats(self, n, p, k, dtype, moments):
+    @pytest.mark.parametrize("n,p,k,dtype,form", CASES)
+    def test_densities_and_suff_stats(self, n, p, k, dtype, form):
         X, params, rng = make_case(n, p, k, dtype)
-        kw = self.compiled_kwargs()
+        kw = dict(self.compiled_kwargs(), form=form)
         rtol = kernel_rtol(dtype)
         assert_close(kernels.log_prob(X, params, **kw, **BLOCKS), ref.log_prob(X, params),
                      rtol=rtol, atol=rtol)
         assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, moments=moments, **kw, **STATS_BLOCKS)
+        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS, **kw, **STATS_BLOCKS)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
@@ -83,7 +85,7 @@ class TestMixtureKernels(KernelTests):
         assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
         # the fused draw + statistics: statistics of the labels it drew, counted apart
         fused_labels, _, fused = kernels.sample_labels_with_stats(
-            key, X, params, moments="coordinate" if dtype == np.float64 else "quadratic",
+            key, X, params, form="whitened" if dtype == np.float64 else "quadratic",
             **kw, **STATS_BLOCKS)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
@@ -113,18 +115,69 @@ class TestMixtureKernels(KernelTests):
         # XLA:CPU has no TF32 dot algorithm: "tf32x3" runs only compiled on the GPU
         precisions = ["highest"] + (["tf32x3"] if self.backend == "pallas" else [])
         for precision in precisions:
-            got = kernels.log_prob(X32, params32, precision=precision, block_n=64, block_k=32,
-                                   **self.compiled_kwargs())
-            err = np.max(np.abs(np.asarray(got, np.float64) - want))
-            assert err < 1e-3, (precision, err)
+            for form in kernels.FORMS:
+                got = kernels.log_prob(X32, params32, precision=precision, form=form,
+                                       block_n=64, block_k=32, **self.compiled_kwargs())
+                err = np.max(np.abs(np.asarray(got, np.float64) - want))
+                assert err < 1e-3, (precision, form, err)
+
+    def test_auto_form_takes_whitened_where_the_quadratic_form_cancels(self):
+        """Tight components far from the centre: the rule predicts > QUADRATIC_MAX_ERROR,
+        the quadratic form really errs by more than 1e-3, and "auto" (eager and under jit,
+        where it is a lax.cond) matches float64 like the whitened form."""
+        rng = np.random.default_rng(5)
+        p, k = 16, 8
+        means = rng.normal(size=(k, p)) * 30.0
+        X64 = means[rng.integers(0, k, 48)] + rng.normal(size=(48, p)) * 0.5
+        params64 = MixtureParams.from_covariances(np.full(k, 1.0 / k), means,
+                                                  np.broadcast_to(0.25 * np.eye(p), (k, p, p)))
+        X64, params64 = jnp.asarray(X64), jax.tree.map(jnp.asarray, params64)
+        X32 = X64.astype(jnp.float32)
+        params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
+        want = np.asarray(ref.log_prob(X64, params64))
+        assert float(kernels.quadratic_error_estimate(X32, params32)) > (
+            kernels.QUADRATIC_MAX_ERROR)
+        kw = dict(self.compiled_kwargs(), block_n=16, block_k=8)
+
+        def err(form, jit=False):
+            fn = functools.partial(kernels.log_prob, form=form, **kw)
+            got = (jax.jit(fn) if jit else fn)(X32, params32)
+            return np.max(np.abs(np.asarray(got, np.float64) - want))
+
+        assert err("quadratic") > 1e-3
+        assert err("whitened") < 1e-4
+        assert err("auto") < 1e-4
+        assert err("auto", jit=True) < 1e-4
+
+    def test_auto_form_takes_quadratic_on_centred_data(self):
+        """The benchmark-like case (centred, moderate spread) is under the rule's threshold:
+        "auto" equals the quadratic form exactly and is within 1e-4 of float64."""
+        X64, params64, _ = make_case(40, 16, 12, np.float64, seed=6)
+        X32 = X64.astype(jnp.float32)
+        params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
+        assert float(kernels.quadratic_error_estimate(X32, params32)) <= (
+            kernels.QUADRATIC_MAX_ERROR)
+        kw = dict(self.compiled_kwargs(), block_n=16, block_k=8)
+        auto = kernels.log_prob(X32, params32, **kw)
+        assert_close(auto, kernels.log_prob(X32, params32, form="quadratic", **kw), rtol=0)
+        assert_close(auto, ref.log_prob(X64, params64), rtol=0, atol=1e-4)
 
 
 def test_kernel_settings_are_checked():
     X, params, _ = make_case(4, 2, 2, np.float64)
     with pytest.raises(TypeError, match="unknown kernel settings"):
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
-    with pytest.raises(ValueError, match="moments"):
-        kernels.suff_stats(X, params, interpret=True, moments="cubic")
+    with pytest.raises(ValueError, match="form"):
+        kernels.suff_stats(X, params, interpret=True, form="cubic")
+
+
+def test_feature_chunks_cover_the_packed_features():
+    """F = p(p+1)/2 + p rounded up to 16, split into powers of two >= 16, contiguous."""
+    for p, widths in [(1, [16]), (2, [16]), (3, [16]), (16, [128, 32]), (17, [128, 32, 16]),
+                      (32, [512, 32, 16])]:
+        chunks = kernels.feature_chunks(p)
+        assert [w for _, w in chunks] == widths
+        assert [o for o, _ in chunks] == list(np.cumsum([0, *widths[:-1]]))
 
 
 def sklearn_start(covariance_type, p, k):
