@@ -23,6 +23,7 @@ or to match is printed and skipped, and the fastest one is recorded.
 from __future__ import annotations
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,12 @@ N_ROWS = 195_000
 P_M, P_G = 14, 12
 SEED_ROWS = 1024
 REFERENCE_CHUNKS = 4
-STAGE2_CONFIGS = [(4, 4), (8, 8)]   # (block_rows, num_warps)
+# (block_cells, num_warps) of the Stage-2 kernel: spill-free or nearly so in an offline
+# sm_90 compile (triton 3.6 + ptxas): (4, 4) 182 registers, (4, 2) 252, (4, 8) 182,
+# (8, 4) and (8, 8) 255 with 144 and 8 bytes of stack
+STAGE2_CONFIGS = [(4, 4), (4, 2), (8, 4), (4, 8), (8, 8)]
+# which parts run: GPUSTAT_BMS_CASES=stage2 times Stage 2 alone
+CASES = os.environ.get("GPUSTAT_BMS_CASES", "joint,stage1,stage2").split(",")
 
 
 def _seed_rows(rng):
@@ -133,107 +139,112 @@ def run(quick: bool, out) -> None:
     want = [jnp.concatenate([w[k] for w in want]) for k in range(4)]
 
     # ---------------------------------------------------------------- joint operators
-    hess = want[2]
-    x = jnp.asarray(rng.normal(size=(n, P_M)))
-    g = jnp.asarray(rng.normal(size=(n, P_G)))
-    p_total = P_M + P_G + r - 2
-    v8 = jnp.asarray(rng.normal(size=(8, p_total)))
-    dense_ref = jax.jit(reference.joint_dense)(hess, x, g)
-    dscale = float(jnp.max(jnp.abs(dense_ref)))
-    hvp_bytes = (hess.size + x.size + g.size) * 8
-    ref_hvp = jax.jit(reference.joint_hvp)
-    t_ref_hvp = time_fn(ref_hvp, [(hess, x, g, v8[:1])])
-    # (block_rows, num_warps, target_programs); the H100 has 132 SMs
-    joint_configs = [(16, 8, 1024), (16, 4, 1024), (32, 8, 1024), (16, 8, 264), (16, 4, 528)]
+    if "joint" in CASES:
+        hess = want[2]
+        x = jnp.asarray(rng.normal(size=(n, P_M)))
+        g = jnp.asarray(rng.normal(size=(n, P_G)))
+        p_total = P_M + P_G + r - 2
+        v8 = jnp.asarray(rng.normal(size=(8, p_total)))
+        dense_ref = jax.jit(reference.joint_dense)(hess, x, g)
+        dscale = float(jnp.max(jnp.abs(dense_ref)))
+        hvp_bytes = (hess.size + x.size + g.size) * 8
+        ref_hvp = jax.jit(reference.joint_hvp)
+        t_ref_hvp = time_fn(ref_hvp, [(hess, x, g, v8[:1])])
+        # (block_rows, num_warps, target_programs); the H100 has 132 SMs
+        joint_configs = [(16, 8, 1024), (16, 4, 1024), (32, 8, 1024), (16, 8, 264), (16, 4, 528)]
 
-    def measure_hvp(config):
-        block_rows, num_warps, programs = config
-        hvp = jax.jit(lambda h, x, g, v: kernels.joint_hvp(
-            h, x, g, v, block_rows=block_rows, num_warps=num_warps, target_programs=programs))
-        check_close("hvp8", hvp(hess, x, g, v8), v8 @ dense_ref.T, rtol=1e-10,
-                    atol=1e-12 * dscale * float(jnp.max(jnp.abs(v8))) * p_total)
-        check_close("hvp1", hvp(hess, x, g, v8[:1]), v8[:1] @ dense_ref.T, rtol=1e-10,
-                    atol=1e-12 * dscale * float(jnp.max(jnp.abs(v8))) * p_total)
-        return time_fn(hvp, [(hess, x, g, v8[:1])], calls_per_repeat=10), hvp
+        def measure_hvp(config):
+            block_rows, num_warps, programs = config
+            hvp = jax.jit(lambda h, x, g, v: kernels.joint_hvp(
+                h, x, g, v, block_rows=block_rows, num_warps=num_warps, target_programs=programs))
+            check_close("hvp8", hvp(hess, x, g, v8), v8 @ dense_ref.T, rtol=1e-10,
+                        atol=1e-12 * dscale * float(jnp.max(jnp.abs(v8))) * p_total)
+            check_close("hvp1", hvp(hess, x, g, v8[:1]), v8[:1] @ dense_ref.T, rtol=1e-10,
+                        atol=1e-12 * dscale * float(jnp.max(jnp.abs(v8))) * p_total)
+            return time_fn(hvp, [(hess, x, g, v8[:1])], calls_per_repeat=10), hvp
 
-    t1, (block_rows, num_warps, programs), hvp = _sweep("hvp", joint_configs, measure_hvp)
-    t8 = time_fn(hvp, [(hess, x, g, v8)], calls_per_repeat=10)
-    rec.record("joint_hvp_1rhs", shape=(n, r, p_total), dtype="float64", backend="pallas",
-               timing=t1, bytes_moved=hvp_bytes, baseline="joint_hvp_xla_reference",
-               extra={"speedup_vs_xla": t_ref_hvp.median_ms / t1.median_ms,
-                      "block_rows": block_rows, "num_warps": num_warps,
-                      "target_programs": programs, "configs_tried": joint_configs,
-                      "resident_hessians_mb": hess.size * 8 / 1e6})
-    rec.record("joint_hvp_8rhs", shape=(n, r, p_total, 8), dtype="float64", backend="pallas",
-               timing=t8, bytes_moved=hvp_bytes, baseline="joint_hvp_1rhs",
-               extra={"speedup_vs_8_single": 8 * t1.median_ms / t8.median_ms})
-    rec.record("joint_hvp_xla_reference", shape=(n, r, p_total), dtype="float64", backend="xla",
-               timing=t_ref_hvp, bytes_moved=hvp_bytes)
+        t1, (block_rows, num_warps, programs), hvp = _sweep("hvp", joint_configs, measure_hvp)
+        t8 = time_fn(hvp, [(hess, x, g, v8)], calls_per_repeat=10)
+        rec.record("joint_hvp_1rhs", shape=(n, r, p_total), dtype="float64", backend="pallas",
+                   timing=t1, bytes_moved=hvp_bytes, baseline="joint_hvp_xla_reference",
+                   extra={"speedup_vs_xla": t_ref_hvp.median_ms / t1.median_ms,
+                          "block_rows": block_rows, "num_warps": num_warps,
+                          "target_programs": programs, "configs_tried": joint_configs,
+                          "resident_hessians_mb": hess.size * 8 / 1e6})
+        rec.record("joint_hvp_8rhs", shape=(n, r, p_total, 8), dtype="float64", backend="pallas",
+                   timing=t8, bytes_moved=hvp_bytes, baseline="joint_hvp_1rhs",
+                   extra={"speedup_vs_8_single": 8 * t1.median_ms / t8.median_ms})
+        rec.record("joint_hvp_xla_reference", shape=(n, r, p_total), dtype="float64", backend="xla",
+                   timing=t_ref_hvp, bytes_moved=hvp_bytes)
 
-    diag = jax.jit(lambda h, x, g: kernels.joint_diagonal(h, x, g))
-    check_close("diagonal", diag(hess, x, g), jnp.diag(dense_ref), rtol=1e-10)
-    t_d = time_fn(diag, [(hess, x, g)], calls_per_repeat=10)
-    t_rd = time_fn(jax.jit(reference.joint_diagonal), [(hess, x, g)])
-    rec.record("joint_diagonal", shape=(n, r, p_total), dtype="float64", backend="pallas",
-               timing=t_d, baseline="joint_diagonal_xla_reference",
-               extra={"speedup_vs_xla": t_rd.median_ms / t_d.median_ms})
-    rec.record("joint_diagonal_xla_reference", shape=(n, r, p_total), dtype="float64",
-               backend="xla", timing=t_rd)
+        diag = jax.jit(lambda h, x, g: kernels.joint_diagonal(h, x, g))
+        check_close("diagonal", diag(hess, x, g), jnp.diag(dense_ref), rtol=1e-10)
+        t_d = time_fn(diag, [(hess, x, g)], calls_per_repeat=10)
+        t_rd = time_fn(jax.jit(reference.joint_diagonal), [(hess, x, g)])
+        rec.record("joint_diagonal", shape=(n, r, p_total), dtype="float64", backend="pallas",
+                   timing=t_d, baseline="joint_diagonal_xla_reference",
+                   extra={"speedup_vs_xla": t_rd.median_ms / t_d.median_ms})
+        rec.record("joint_diagonal_xla_reference", shape=(n, r, p_total), dtype="float64",
+                   backend="xla", timing=t_rd)
 
-    def measure_dense(config):
-        block_rows, num_warps, programs = config
-        dense = jax.jit(lambda h, x, g: kernels.joint_dense(
-            h, x, g, block_rows=block_rows, num_warps=num_warps, target_programs=programs))
-        err = check_close("dense", dense(hess, x, g), dense_ref, rtol=1e-10, atol=1e-12 * dscale)
-        return time_fn(dense, [(hess, x, g)], calls_per_repeat=10), err
+        def measure_dense(config):
+            block_rows, num_warps, programs = config
+            dense = jax.jit(lambda h, x, g: kernels.joint_dense(
+                h, x, g, block_rows=block_rows, num_warps=num_warps, target_programs=programs))
+            err = check_close("dense", dense(hess, x, g), dense_ref, rtol=1e-10,
+                              atol=1e-12 * dscale)
+            return time_fn(dense, [(hess, x, g)], calls_per_repeat=10), err
 
-    t_k, (block_rows, num_warps, programs), err_d = _sweep("dense", joint_configs[:3],
-                                                           measure_dense)
-    t_r = time_fn(jax.jit(reference.joint_dense), [(hess, x, g)])
-    rec.record("joint_dense", shape=(n, r, p_total), dtype="float64", backend="pallas",
-               timing=t_k, bytes_moved=hvp_bytes, baseline="joint_dense_xla_reference",
-               extra={"speedup_vs_xla": t_r.median_ms / t_k.median_ms,
-                      "max_rel_err_vs_reference": err_d, "block_rows": block_rows,
-                      "num_warps": num_warps, "target_programs": programs})
-    rec.record("joint_dense_xla_reference", shape=(n, r, p_total), dtype="float64",
-               backend="xla", timing=t_r)
+        t_k, (block_rows, num_warps, programs), err_d = _sweep("dense", joint_configs[:3],
+                                                               measure_dense)
+        t_r = time_fn(jax.jit(reference.joint_dense), [(hess, x, g)])
+        rec.record("joint_dense", shape=(n, r, p_total), dtype="float64", backend="pallas",
+                   timing=t_k, bytes_moved=hvp_bytes, baseline="joint_dense_xla_reference",
+                   extra={"speedup_vs_xla": t_r.median_ms / t_k.median_ms,
+                          "max_rel_err_vs_reference": err_d, "block_rows": block_rows,
+                          "num_warps": num_warps, "target_programs": programs})
+        rec.record("joint_dense_xla_reference", shape=(n, r, p_total), dtype="float64",
+                   backend="xla", timing=t_r)
 
     # ---------------------------------------------------------------- Stage 1
-    lo, hi, c = rows.cell_lo, rows.cell_hi, rows.cell_c
-    ref1 = jax.jit(reference.cell_moments)
-    bounds = np.linspace(0, n_cells, REFERENCE_CHUNKS + 1).astype(int)
-    cell_chunks = [(lo[a:b], hi[a:b], c[a:b]) for a, b in itertools.pairwise(bounds)]
-    want1 = [ref1(*chunk) for chunk in cell_chunks]
-    want_m = jnp.concatenate([w[0] for w in want1])
-    want_s = jnp.concatenate([w[1] for w in want1])
-    scale = jnp.max(jnp.abs(want_m), axis=1, keepdims=True)
+    if "stage1" in CASES:
+        lo, hi, c = rows.cell_lo, rows.cell_hi, rows.cell_c
+        ref1 = jax.jit(reference.cell_moments)
+        bounds = np.linspace(0, n_cells, REFERENCE_CHUNKS + 1).astype(int)
+        cell_chunks = [(lo[a:b], hi[a:b], c[a:b]) for a, b in itertools.pairwise(bounds)]
+        want1 = [ref1(*chunk) for chunk in cell_chunks]
+        want_m = jnp.concatenate([w[0] for w in want1])
+        want_s = jnp.concatenate([w[1] for w in want1])
+        scale = jnp.max(jnp.abs(want_m), axis=1, keepdims=True)
 
-    def measure_stage1(config):
-        block_cells, num_warps = config
-        stage1 = jax.jit(lambda lo, hi, c: kernels.cell_moments(
-            lo, hi, c, block_cells=block_cells, num_warps=num_warps))
-        got_m, got_s = stage1(lo, hi, c)
-        err = float(jnp.max(jnp.abs(got_m - want_m) / scale))
-        assert err < 1e-12 and bool(jnp.all(got_s == want_s)), err
-        return time_fn(stage1, [(lo, hi, c)]), err
+        def measure_stage1(config):
+            block_cells, num_warps = config
+            stage1 = jax.jit(lambda lo, hi, c: kernels.cell_moments(
+                lo, hi, c, block_cells=block_cells, num_warps=num_warps))
+            got_m, got_s = stage1(lo, hi, c)
+            err = float(jnp.max(jnp.abs(got_m - want_m) / scale))
+            assert err < 1e-12 and bool(jnp.all(got_s == want_s)), err
+            return time_fn(stage1, [(lo, hi, c)]), err
 
-    stage1_configs = [(128, 4), (256, 4), (64, 2), (256, 8)]
-    t_k1, (block_cells, warps1), err1 = _sweep("stage1", stage1_configs, measure_stage1)
-    t_r1 = time_fn(lambda: [ref1(*chunk) for chunk in cell_chunks], [()])
-    rec.record("stage1_cell_moments", shape=(n_cells, 10), dtype="float64", backend="pallas",
-               timing=t_k1, items=n_cells, item_name="cells", baseline="stage1_xla_reference",
-               extra={"speedup_vs_xla": t_r1.median_ms / t_k1.median_ms,
-                      "max_rel_err_vs_reference": err1, "gl_nodes": 384,
-                      "block_cells": block_cells, "num_warps": warps1,
-                      "configs_tried": stage1_configs})
-    rec.record("stage1_xla_reference", shape=(n_cells, 10), dtype="float64", backend="xla",
-               timing=t_r1, items=n_cells, item_name="cells",
-               extra={"chunks": REFERENCE_CHUNKS})
+        stage1_configs = [(128, 4), (256, 4), (64, 2), (256, 8)]
+        t_k1, (block_cells, warps1), err1 = _sweep("stage1", stage1_configs, measure_stage1)
+        t_r1 = time_fn(lambda: [ref1(*chunk) for chunk in cell_chunks], [()])
+        rec.record("stage1_cell_moments", shape=(n_cells, 10), dtype="float64", backend="pallas",
+                   timing=t_k1, items=n_cells, item_name="cells", baseline="stage1_xla_reference",
+                   extra={"speedup_vs_xla": t_r1.median_ms / t_k1.median_ms,
+                          "max_rel_err_vs_reference": err1, "gl_nodes": 384,
+                          "block_cells": block_cells, "num_warps": warps1,
+                          "configs_tried": stage1_configs})
+        rec.record("stage1_xla_reference", shape=(n_cells, 10), dtype="float64", backend="xla",
+                   timing=t_r1, items=n_cells, item_name="cells",
+                   extra={"chunks": REFERENCE_CHUNKS})
+
+    config_ms = []
 
     def measure_stage2(config):
-        block_rows, num_warps = config
+        block_cells, num_warps = config
         stage2 = jax.jit(lambda *a: kernels.row_derivatives(
-            *a, block_rows=block_rows, num_warps=num_warps))
+            *a, block_cells=block_cells, num_warps=num_warps))
         got = stage2(*args)
         # the row-derivative tolerance, 1e-9 relative to each row's largest
         # entry (as the tests judge it): on the H200, sums over ~23 cells put small
@@ -245,18 +256,20 @@ def run(quick: bool, out) -> None:
         mirrored = jnp.swapaxes(got[2], 1, 2)
         assert bool(jnp.all((got[2] == mirrored) | (jnp.isnan(got[2]) & jnp.isnan(mirrored)))), \
             "hessian not bitwise symmetric"
-        return time_fn(stage2, [args]), max(errs)
+        timing = time_fn(stage2, [args])
+        config_ms.append((config, timing.median_ms))
+        return timing, max(errs)
 
     configs = STAGE2_CONFIGS
-    t_k2, (block_rows, num_warps), err2 = _sweep("stage2", configs, measure_stage2)
+    t_k2, (block_cells, num_warps), err2 = _sweep("stage2", configs, measure_stage2)
     t_r2 = time_fn(lambda: [ref2(*chunk) for chunk in chunks], [()])
     stage2_bytes = sum(a.size * a.dtype.itemsize for a in args) + n * (r * r + r + 2) * 8
     rec.record("stage2_row_derivatives", shape=shape, dtype="float64", backend="pallas",
                timing=t_k2, items=n, item_name="rows", bytes_moved=stage2_bytes,
                baseline="stage2_xla_reference",
                extra={"speedup_vs_xla": t_r2.median_ms / t_k2.median_ms,
-                      "max_rel_err_vs_reference": err2, "block_rows": block_rows,
-                      "num_warps": num_warps, "configs_tried": configs,
+                      "max_rel_err_vs_reference": err2, "block_cells": block_cells,
+                      "num_warps": num_warps, "configs_ms": config_ms,
                       "rows_not_ok": int(jnp.sum(want[3] != 0))})
     rec.record("stage2_xla_reference", shape=shape, dtype="float64", backend="xla",
                timing=t_r2, items=n, item_name="rows", extra={"chunks": REFERENCE_CHUNKS})

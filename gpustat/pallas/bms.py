@@ -10,12 +10,14 @@ copies a large input.
   lane-local running moment sums, one per half of the cell, skipped entirely when
   every cell of the block is affine; affine cells use the closed form and the upward
   recurrence on (block_cells,) vectors.
-* ``_row_derivatives_kernel``: ``block_rows`` rows per program walk their CSR cells
-  in lock step (cell slot k of every row, masked past each row's count). Per row it
-  accumulates the first functionals D(E_u), the D parts of the second jets and the
-  quadratic form Σ_pq E_up E_vq T_{p+q} in an (r, r) register tile, symmetrised term
-  by term so that the finished Hessian is bitwise symmetric, then finalises the
-  implicit-function and probit algebra on the tile.
+* ``_row_derivatives_kernel``: one row per program; its CSR cells stream through in
+  chunks of ``block_cells``, loaded as one (r, 4 block_cells) jet tile each. The
+  quadratic form Σ_pq E_up E_vq T_{p+q} of a chunk is two small full-precision dots,
+  (E Hk) Eᵀ with the chunk's block-diagonal Hankel matrix Hk; the first functionals
+  accumulate elementwise and are reduced once per row, which then finalises the
+  implicit-function algebra on its (r, r) tile (stored from the upper triangle, so
+  bitwise symmetric). The Hankel entries T_n per cell and the probit factors per row
+  come from small XLA passes in the wrapper.
 * ``_joint_hvp_kernel`` / ``_joint_diagonal_kernel`` / ``_joint_dense_kernel``: each
   program streams ``steps`` blocks of ``block_rows`` row Hessians (the Hessian is
   read once for all directions of a multi-RHS HVP) and writes its own partial sums;
@@ -39,7 +41,6 @@ from gpustat.reference.bms import (
     AFFINE_TOL,
     GL_NODES,
     KAPPA,
-    STAGE2_ORDER,
     CellStatus,
     RowStatus,
     gauss_legendre,
@@ -60,6 +61,31 @@ def _finite(x):
 
 def _load(ref, idx, mask, other=0.0):
     return plt.load(ref.at[idx], mask=mask, other=other)
+
+
+def _dot_width(n):
+    """Padded size of an in-kernel dot dimension (float64 dots need M, K >= 16)."""
+    return max(16, next_pow2(n))
+
+
+def _dot(a, b):
+    """a @ b in full precision."""
+    return jax.lax.dot(a, b, precision=jax.lax.Precision.HIGHEST,
+                       preferred_element_type=a.dtype)
+
+
+def _dot_t(a, b):
+    """aᵀ @ b in full precision (contracts the row axis of both)."""
+    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=a.dtype)
+
+
+def _dot_nt(a, b):
+    """a @ bᵀ in full precision (contracts the column axis of both)."""
+    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=a.dtype)
 
 
 # ----------------------------------------------------------------------------- Stage 1
@@ -185,132 +211,140 @@ def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_ce
 # ----------------------------------------------------------------------------- Stage 2
 
 
-def _row_derivatives_kernel(offsets_ref, c_ref, m_ref, cell_status_ref, jet_ref, jet_a_ref,
-                            jet_b_ref, mu1_ref, mu2_ref, e_obs_ref, chi_ref, xi_ref, rho_ref,
-                            tau_ref, r_uv_ref, y_ref, w_ref,
-                            neglog_ref, grad_ref, hess_ref, status_ref, *, n, r, block_rows):
-    rows = pl.program_id(0) * block_rows + jnp.arange(block_rows)
-    live = rows < n
-    start = _load(offsets_ref, rows, live, 0)
-    count = _load(offsets_ref, rows + 1, live, 0) - start
-    u = jnp.arange(next_pow2(r))
-    uu = u[None, :, None]
-    vv = u[None, None, :]
+def _row_derivatives_kernel(offsets_ref, hankel_ref, m_ref, cell_status_ref, jet_ref, jet_a_ref,
+                            jet_b_ref, mu1_ref, mu2_ref, chi_ref, xi_ref, rho_ref, tau_ref,
+                            r_uv_ref, loss_ref, d_e_ref, d_ee_ref,
+                            neglog_ref, grad_ref, hess_ref, status_ref, *, r, block_cells):
+    # One row per program; its CSR cells stream through in chunks of block_cells. Column
+    # k = 4 slot + q of an (R, 4 block_cells) tile belongs to the chunk's cell `slot` and
+    # jet order q, so E[u, k] = E_uq is one gather of the chunk's jets. With the chunk's
+    # block-diagonal Hankel matrix Hk[4 s + p, 4 s + q] = T_{p+q} of cell s (zero across
+    # cells), the quadratic form Σ_cells Σ_pq E_up E_vq T_{p+q} is Σ_chunks (E Hk) Eᵀ: two
+    # full-precision dots per chunk (float64: the m16n8k16 DMMA), everything else is
+    # elementwise. The first functionals D(E_u) = κ Σ_q E_uq m_q (and those of the second
+    # jets) accumulate as (R, 4 block_cells) tiles E κ m_q, reduced over k once per row.
+    row = pl.program_id(0)
+    start = offsets_ref[row]
+    count = offsets_ref[row + 1] - start
+    u = jnp.arange(_dot_width(r), dtype=jnp.int32)
+    uu = u[:, None]
+    vv = u[None, :]
+    kk = jnp.arange(4 * block_cells, dtype=jnp.int32)
+    slot = jnp.right_shift(kk, 2)
+    q = kk & 3
     dtype = mu1_ref.dtype
-    vec = jnp.zeros((block_rows, u.shape[0]), dtype)
-    lane_r = u[None, :] < r
-    lane_b = (u[None, :] >= 1) & lane_r
 
-    def cell_step(k, carry):
-        first, d_a, d_b, quad, failed = carry
-        cell = start + k
-        valid = k < count
-        m = [_load(m_ref, (cell, j), valid) for j in range(STAGE2_ORDER + 1)]
-        c = [_load(c_ref, (cell, e), valid) for e in range(4)]
-        t = [KAPPA * (c[0] * m[n_] + c[1] * m[n_ + 1] + c[2] * m[n_ + 2] + c[3] * m[n_ + 3])
-             for n_ in range(7)]
-        mask = valid[:, None] & lane_r
-        mask_b = valid[:, None] & lane_b
-        jet = [_load(jet_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
-        jet_a = [_load(jet_a_ref, (cell[:, None], u[None, :], p), mask) for p in range(4)]
-        jet_b = [_load(jet_b_ref, (cell[:, None], u[None, :] - 1, p), mask_b) for p in range(4)]
-        for p in range(4):
-            first = first + KAPPA * jet[p] * m[p][:, None]
-            d_a = d_a + KAPPA * jet_a[p] * m[p][:, None]
-            d_b = d_b + KAPPA * jet_b[p] * m[p][:, None]
-        # Σ_pq E_up E_vq T_{p+q} = Σ_q (EM)_uq E_vq with (EM)_uq = Σ_p E_up T_{p+q};
-        # accumulated as (EM)_uq E_vq + E_uq (EM)_vq, twice the (symmetric) form.
-        for q in range(4):
-            em = (jet[0] * t[q][:, None] + jet[1] * t[q + 1][:, None]
-                  + jet[2] * t[q + 2][:, None] + jet[3] * t[q + 3][:, None])
-            quad = quad + (em[:, :, None] * jet[q][:, None, :]
-                           + jet[q][:, :, None] * em[:, None, :])
+    def chunk(j, carry):
+        quad, acc, acc_a, acc_b, failed = carry
+        in_row = j * block_cells + slot
+        valid = in_row < count
+        cell = start + in_row
+        mask = valid[None, :] & (uu < r)
+        e = _load(jet_ref, (cell[None, :], uu, q[None, :]), mask)
+        same_cell = (slot[:, None] == slot[None, :]) & valid[None, :]
+        hankel = _load(hankel_ref, (cell[None, :], q[:, None] + q[None, :]), same_cell)
+        quad = quad + _dot_nt(_dot(e, hankel), e)
+        m_q = KAPPA * _load(m_ref, (cell, q), valid)
+        acc = acc + e * m_q[None, :]
+        acc_a = acc_a + _load(jet_a_ref, (cell[None, :], uu, q[None, :]), mask) * m_q[None, :]
+        acc_b = acc_b + _load(jet_b_ref, (cell[None, :], uu - 1, q[None, :]),
+                              mask & (uu >= 1)) * m_q[None, :]
         failed = jnp.maximum(failed, _load(cell_status_ref, cell, valid, 0))
-        return first, d_a, d_b, quad, failed
+        return quad, acc, acc_a, acc_b, failed
 
-    quad0 = jnp.zeros((block_rows, u.shape[0], u.shape[0]), dtype)
-    first, d_a, d_b, quad, failed = jax.lax.fori_loop(
-        0, jnp.max(count), cell_step, (vec, vec, vec, quad0, jnp.zeros(block_rows, jnp.int32)))
+    tile = jnp.zeros((u.shape[0], kk.shape[0]), dtype)
+    quad, acc, acc_a, acc_b, failed = jax.lax.fori_loop(
+        0, (count + (block_cells - 1)) // block_cells, chunk,
+        (jnp.zeros((u.shape[0], u.shape[0]), dtype), tile, tile, tile,
+         jnp.zeros(kk.shape, jnp.int32)))
+    first, d_a, d_b = (jnp.sum(x, axis=1) for x in (acc, acc_a, acc_b))
+    failed = jnp.max(failed)
 
-    # second[u, v] = D(U_uv) - Σ_pq E_up E_vq T_{p+q}; U has row/col 0 (a) and row/col 1 (b)
-    d_u = jnp.where(uu == 0, d_a[:, None, :], jnp.where(
-        vv == 0, d_a[:, :, None], jnp.where(uu == 1, d_b[:, None, :], jnp.where(
-            vv == 1, d_b[:, :, None], 0.0))))
-    second = d_u - 0.5 * quad
-    mu_1 = _load(mu1_ref, rows, live)
-    mu_2 = _load(mu2_ref, rows, live)
-    f_a = jnp.sum(jnp.where(u[None, :] == 0, first, 0.0), axis=1)
-    row_a = jnp.sum(jnp.where(uu == 0, second, 0.0), axis=1)       # second[0, v]
-    f_aa = jnp.sum(jnp.where(u[None, :] == 0, row_a, 0.0), axis=1)
+    # second[u, v] = D(U_uv) - Σ_pq E_up E_vq T_{p+q} on the upper triangle u <= v (the only
+    # part used below: the Hessian is stored from it, mirrored); U has row 0 (a: d_a) and
+    # row 1 (b: d_b from v = 1 on).
+    d_u = jnp.where(uu == 0, d_a[None, :], jnp.where((uu == 1) & (vv >= 1), d_b[None, :], 0.0))
+    second = d_u - quad
+    mu_1 = mu1_ref[row]
+    mu_2 = mu2_ref[row]
+    f_a = jnp.sum(jnp.where(u == 0, first, 0.0))
+    row_a = jnp.sum(jnp.where(uu == 0, second, 0.0), axis=0)      # second[0, v]
+    f_aa = jnp.sum(jnp.where(u == 0, row_a, 0.0))
     # the q-row: F depends on q only through -μ(q)
-    f_u = jnp.where(u[None, :] == 0, -mu_1[:, None], first)
-    f_au = jnp.where(u[None, :] == 0, 0.0, row_a)
-    f_uv = jnp.where((uu == 0) | (vv == 0),
-                     jnp.where((uu == 0) & (vv == 0), -mu_2[:, None, None], 0.0), second)
+    f_u = jnp.where(u == 0, -mu_1, first)
+    f_au = jnp.where(u == 0, 0.0, row_a)
+    f_uv = jnp.where((uu == 0) | (vv == 0), jnp.where((uu == 0) & (vv == 0), -mu_2, 0.0), second)
     inv = 1.0 / f_a
-    a_u = -f_u * inv[:, None]
-    outer_a = a_u[:, :, None] * a_u[:, None, :]
-    a_uv = -((f_uv + (f_au[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * f_au[:, None, :]))
-             + f_aa[:, None, None] * outer_a) * inv[:, None, None]
+    a_u = -f_u * inv
+    outer_a = a_u[:, None] * a_u[None, :]
+    a_uv = -((f_uv + (f_au[:, None] * a_u[None, :] + a_u[:, None] * f_au[None, :]))
+             + f_aa * outer_a) * inv
 
-    mask_r = live[:, None] & lane_r
-    mask_rr = live[:, None, None] & (uu < r) & (vv < r)
-    rho = _load(rho_ref, (rows[:, None], u[None, :]), mask_r)
-    tau = _load(tau_ref, (rows[:, None], u[None, :]), mask_r)
-    r_uv = _load(r_uv_ref, (rows[:, None, None], uu, vv), mask_rr)
-    chi = _load(chi_ref, rows, live)
-    xi = _load(xi_ref, rows, live)
-    e_u = chi[:, None] * a_u + rho
-    e_uv = (((chi[:, None, None] * a_uv + xi[:, None, None] * outer_a)
-             + (tau[:, :, None] * a_u[:, None, :] + a_u[:, :, None] * tau[:, None, :])) + r_uv)
+    lane_r = u < r
+    mask_rr = (uu < r) & (vv < r)
+    rho = _load(rho_ref, (row, u), lane_r)
+    tau = _load(tau_ref, (row, u), lane_r)
+    r_uv = _load(r_uv_ref, (row, uu, vv), mask_rr & (uu <= vv))
+    chi = chi_ref[row]
+    xi = xi_ref[row]
+    e_u = chi * a_u + rho
+    e_uv = (((chi * a_uv + xi * outer_a)
+             + (tau[:, None] * a_u[None, :] + a_u[:, None] * tau[None, :])) + r_uv)
 
-    sign = 2.0 * _load(y_ref, rows, live) - 1.0
-    w = _load(w_ref, rows, live)
-    margin = sign * _load(e_obs_ref, rows, live)
-    log_cdf, mills = log_ndtr_and_mills(margin)
-    d_e = -w * sign * mills
-    d_ee = w * probit_curvature(margin)
-    neglog = -w * log_cdf
-    grad = d_e[:, None] * e_u
-    hess = d_ee[:, None, None] * (e_u[:, :, None] * e_u[:, None, :]) + d_e[:, None, None] * e_uv
+    neglog = loss_ref[row]
+    d_e = d_e_ref[row]
+    d_ee = d_ee_ref[row]
+    grad = d_e * e_u
+    hess = d_ee * (e_u[:, None] * e_u[None, :]) + d_e * e_uv
 
+    upper = mask_rr & (uu <= vv)
     degenerate = ~((f_a > 0) & (f_a < jnp.inf))
-    bad = jnp.maximum(jnp.max(jnp.where(_finite(grad), 0, 1), axis=1),
-                      jnp.max(jnp.max(jnp.where(_finite(hess), 0, 1), axis=2), axis=1))
-    bad = jnp.maximum(bad, jnp.where(_finite(neglog), 0, 1))
+    # flags from vector reductions only (a scalar where on ints lowers to i1 in 0.11.2)
+    bad = jnp.maximum(jnp.max(jnp.where((_finite(grad) & _finite(neglog)) | ~lane_r, 0, 1)),
+                      jnp.max(jnp.max(jnp.where(_finite(hess) | ~upper, 0, 1), axis=1)))
     status = jnp.where(failed > 0, RowStatus.CELL_FAILED,
                        jnp.where(degenerate, RowStatus.DEGENERATE_FA,
                                  jnp.where(bad > 0, RowStatus.NON_FINITE_OUTPUT, RowStatus.OK)))
     nan_row = (failed > 0) | degenerate
-    plt.store(neglog_ref.at[rows], jnp.where(nan_row, jnp.nan, neglog), mask=live)
-    plt.store(grad_ref.at[rows[:, None], u[None, :]],
-              jnp.where(nan_row[:, None], jnp.nan, grad), mask=mask_r)
-    # write the upper triangle to (u, v) and to (v, u): bitwise symmetric whatever the
-    # compiler contracts into FMAs above
-    hess = jnp.where(nan_row[:, None, None], jnp.nan, hess)
-    plt.store(hess_ref.at[rows[:, None, None], uu, vv], hess, mask=mask_rr & (uu <= vv))
-    plt.store(hess_ref.at[rows[:, None, None], vv, uu], hess, mask=mask_rr & (uu < vv))
-    plt.store(status_ref.at[rows], status.astype(jnp.int32), mask=live)
+    neglog_ref[row] = jnp.where(nan_row, jnp.nan, neglog)
+    plt.store(grad_ref.at[row, u], jnp.where(nan_row, jnp.nan, grad), mask=lane_r)
+    # the upper triangle goes to (u, v) and to (v, u): bitwise symmetric
+    hess = jnp.where(nan_row, jnp.nan, hess)
+    plt.store(hess_ref.at[row, uu, vv], hess, mask=upper)
+    plt.store(hess_ref.at[row, vv, uu], hess, mask=mask_rr & (uu < vv))
+    status_ref[row] = status.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_rows", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("interpret", "block_cells", "num_warps"))
 def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, cell_jet_a,
                     cell_jet_b, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w, *,
-                    interpret: bool = False, block_rows: int = 4, num_warps: int = 4):
-    """Kernel twin of :func:`gpustat.reference.bms.row_derivatives`."""
+                    interpret: bool = False, block_cells: int = 4, num_warps: int = 4):
+    """Kernel twin of :func:`gpustat.reference.bms.row_derivatives` (one row per program).
+
+    Two per-item passes run in XLA around the kernel, each a few bytes per cell or row:
+    the Hankel entries T_0..T_6 of every cell, and the probit factors of every row
+    (``-w log Φ(m)``, ``-w s λ``, ``w C`` at ``m = s e_obs``, the reference's own
+    numerics), so the kernel gathers each T once and does no transcendental math.
+    """
     dtype = compute_dtype(mu_1.dtype)
     n, r = rho.shape
-    floats = [cell_c, cell_moments, cell_jet, cell_jet_a, cell_jet_b, mu_1, mu_2, e_obs, chi, xi,
-              rho, tau, r_uv, y, w]
-    floats = [x.astype(dtype) for x in floats]
-    kernel = functools.partial(_row_derivatives_kernel, n=n, r=r, block_rows=block_rows)
+    c, m = cell_c.astype(dtype), cell_moments.astype(dtype)
+    hankel = KAPPA * sum(c[:, e, None] * m[:, e:e + 7] for e in range(4))      # T_0..T_6
+    hankel = jnp.pad(hankel, ((0, 0), (0, 1)))
+    sign = 2.0 * y.astype(dtype) - 1.0
+    w = w.astype(dtype)
+    margin = sign * e_obs.astype(dtype)
+    log_cdf, mills = log_ndtr_and_mills(margin)
+    probit = (-w * log_cdf, -w * sign * mills, w * probit_curvature(margin))
+    rows = [x.astype(dtype) for x in (mu_1, mu_2, chi, xi, rho, tau, r_uv)]
+    kernel = functools.partial(_row_derivatives_kernel, r=r, block_cells=block_cells)
     return tuple(pallas_call(
-        kernel, interpret=interpret, num_warps=num_warps,
-        grid=(pl.cdiv(n, block_rows),),
+        kernel, interpret=interpret, num_warps=num_warps, grid=(n,),
         in_specs=[_ANY] * 17, out_specs=[_ANY] * 4,
         out_shape=[jax.ShapeDtypeStruct((n,), dtype), jax.ShapeDtypeStruct((n, r), dtype),
                    jax.ShapeDtypeStruct((n, r, r), dtype), jax.ShapeDtypeStruct((n,), jnp.int32)],
-    )(cell_offsets.astype(jnp.int32), *floats[:2], cell_status.astype(jnp.int32), *floats[2:]))
+    )(cell_offsets.astype(jnp.int32), hankel, m, cell_status.astype(jnp.int32),
+      *(x.astype(dtype) for x in (cell_jet, cell_jet_a, cell_jet_b)), *rows, *probit))
 
 
 # ----------------------------------------------------------------------------- joint operators
@@ -332,24 +366,6 @@ def _row_block(first_block, step, block_rows, n):
 
 def _load_design(ref, rows, live, cols, width):
     return _load(ref, (rows[:, None], cols[None, :]), live[:, None] & (cols[None, :] < width))
-
-
-def _dot_width(n):
-    """Padded size of an in-kernel dot dimension (float64 dots need M, K >= 16)."""
-    return max(16, next_pow2(n))
-
-
-def _dot(a, b):
-    """a @ b in full precision."""
-    return jax.lax.dot(a, b, precision=jax.lax.Precision.HIGHEST,
-                       preferred_element_type=a.dtype)
-
-
-def _dot_t(a, b):
-    """aᵀ @ b in full precision (contracts the row axis of both)."""
-    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
-                               precision=jax.lax.Precision.HIGHEST,
-                               preferred_element_type=a.dtype)
 
 
 def _hessian_tile(hess_ref, rows, live, r):

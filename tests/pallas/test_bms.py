@@ -92,23 +92,26 @@ class TestBmsKernels(KernelTests):
         err = np.abs(np.asarray(moments) - np.asarray(expected))
         assert np.all(err <= tol(np.float64, "kernel") * scale), float(np.max(err / scale))
 
-    def test_row_derivatives_match_reference(self):
-        # 7 rows (not a multiple of the 4-row block), counts 0..4, the last cell failed
-        args = _synthetic_rows(np.random.default_rng(0), [2, 3, 1, 0, 4, 2, 3], 2, 1)
-        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
+    @pytest.mark.parametrize("block_cells", [4, 8])
+    def test_row_derivatives_match_reference(self, block_cells):
+        # one row per program, cells in chunks of block_cells: rows of 9 cells (3 or 2
+        # chunks, the last partial), 4 and 8 (whole chunks), 1, 0 (degenerate), and a
+        # last row whose last cell failed
+        args = _synthetic_rows(np.random.default_rng(0), [2, 9, 1, 0, 4, 8, 3], 2, 1)
+        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret",
+                                          block_cells=block_cells)
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
         for got, want in zip(out[:3], expected[:3]):
             assert_close(got, want, rtol=tol(np.float64, "kernel"), atol=1e-15)
-        assert list(np.asarray(out.status if hasattr(out, "status") else out[3])) == \
-            list(np.asarray(expected[3]))
+        assert list(np.asarray(out[3])) == list(np.asarray(expected[3]))
         assert list(np.asarray(expected[3])) == [0, 0, 0, 1, 0, 0, 3]
         hess = np.asarray(out[2])
         assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
 
     @pytest.mark.slow
     def test_row_derivatives_ragged_rows_at_production_r(self):
-        # r = 20 as in production; blocks of 4 rows walk their cells in lock step:
-        # 13, 9, 4, 1 cells in the first block (the last cell failed), an empty row alone
+        # r = 20 as in production (tiles padded to 32): 13, 9, 4, 1 cells (the last cell
+        # failed) and an empty row
         args = _synthetic_rows(np.random.default_rng(6), [13, 9, 4, 1, 0], 10, 8)
         out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
