@@ -143,33 +143,33 @@ def reference_em_iteration(X, params):
 
 # ------------------------------------------------------------------ cases
 
-# Block settings timed per form and pass; the first of each list is the kernels' default
-# (DEFAULT_BLOCKS). Quadratic: the (block_n, width) x (width, block_k) products of the two
-# feature chunks (128 + 32) want 64-row tiles per warpgroup and wide component blocks.
-CONFIGS = {
-    ("quadratic", "density"): [dict(block_n=64, block_k=64, num_warps=4),
-                               dict(block_n=128, block_k=64, num_warps=8),
-                               dict(block_n=64, block_k=128, num_warps=8),
-                               dict(block_n=64, block_k=32, num_warps=4)],
-    ("quadratic", "statistics"): [dict(block_n=64, block_k=64, num_warps=4),
-                                  dict(block_n=64, block_k=64, num_warps=8),
-                                  dict(block_n=128, block_k=64, num_warps=8),
-                                  dict(block_n=64, block_k=32, num_warps=4)],
-    ("whitened", "density"): [dict(block_n=64, block_k=32, num_warps=4)],
-    ("whitened", "statistics"): [dict(block_n=64, block_k=32, num_warps=4)],
+# Block settings timed; the first of each list is the kernels' default (DEFAULT_BLOCKS).
+DENSITY_CONFIGS = {
+    "quadratic": [dict(block_n=64, block_k=64, num_warps=4),
+                  dict(block_n=64, block_k=32, num_warps=4),
+                  dict(block_n=128, block_k=64, num_warps=8),
+                  dict(block_n=64, block_k=128, num_warps=8),
+                  dict(block_n=128, block_k=32, num_warps=8)],
+    "whitened": [dict(block_n=64, block_k=32, num_warps=4)],
 }
+STATS_CONFIGS = [dict(block_n=32, block_k=64, num_warps=8, tiles_per_program=128),
+                 dict(block_n=32, block_k=32, num_warps=8, tiles_per_program=128),
+                 dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=64),
+                 dict(block_n=32, block_k=128, num_warps=8, tiles_per_program=128),
+                 dict(block_n=32, block_k=64, num_warps=4, tiles_per_program=128)]
 
 
 def density_flop(n, p, k, form):
-    """Useful FLOP of one density evaluation: whitened 2 n k p P, quadratic 2 n k F."""
-    if form == "whitened":
-        return 2 * n * k * p * kernels.padded_features(p)
-    return 2 * n * k * (p * (p + 1) // 2 + p)
+    """Useful FLOP of one density evaluation: whitened 2 n k p P, quadratic 2 n k P (P + 1)."""
+    P = kernels.padded_features(p)
+    return 2 * n * k * P * (p if form == "whitened" else P + 1)
 
 
 def kernel_flop(n, p, k, form):
-    """Density twice (log p(x) pass, recomputed in the statistics pass) + Phi^T r."""
-    return 2 * density_flop(n, p, k, form) + 2 * n * k * (p * (p + 1) // 2 + p + 1)
+    """The density once (its logits are stored for the statistics pass) + the statistics
+    products vec(x x^T)^T r and x^T r: 2 n k P (P + 1)."""
+    P = kernels.padded_features(p)
+    return density_flop(n, p, k, form) + 2 * n * k * P * (P + 1)
 
 
 def guarded(rec, case, shape, extra, fn):
@@ -223,51 +223,48 @@ def check_precision_vs_float64(rec, X, params):
     return errors
 
 
-def sweep_pieces(rec, X, params, form, precision, quick):
-    """Time the density pass and the statistics pass apart over block settings.
-
-    Returns the fastest setting of each (the EM iteration composes them).
-    """
+def sweep_pieces(rec, X, params, form, precision):
+    """Time the density pass (log p(x) alone, no logits written) over block settings, then
+    the whole E-step (density pass writing the logits + statistics pass) over statistics
+    settings with the fastest density setting; the statistics pass's own time is the
+    difference. Returns the fastest setting of each."""
     n, p = X.shape
-    lse = jax.jit(lambda X: ref.log_prob(X, params))(X)
-    flop_density = density_flop(n, p, K, form)
-    pieces = (
-        ("density", flop_density,
-         lambda cfg: (jax.jit(lambda X: kernels.log_prob(
-             X, params, precision=precision, interpret=INTERPRET, form=form, **cfg)), (X,))),
-        ("statistics", kernel_flop(n, p, K, form) - flop_density,
-         lambda cfg: (jax.jit(lambda X, lse: kernels.responsibility_stats(
-             X, params, lse, precision=precision, interpret=INTERPRET, form=form, **cfg)),
-             (X, lse))),
-    )
     best = {}
 
-    def one(piece, cfg, flop, make):
-        fn, args = make(cfg)
-        t = time_fn(fn, [args])
+    def one(piece, cfg, fn, flop):
+        t = time_fn(jax.jit(fn), [(X,)])
         rec.record("em_pieces", shape=(n, p, K), dtype="float32", backend="pallas", timing=t,
                    items=n, item_name="rows",
                    extra={"piece": piece, "form": form, "precision": precision, **cfg,
-                          "flop": flop, "tflops": flop / (t.median_ms * 1e-3) / 1e12})
+                          "flop": flop, "tflops": flop / (t.median_ms * 1e-3) / 1e12,
+                          **({"statistics_pass_ms": t.median_ms - best["density"][0]}
+                             if piece == "e_step" else {})})
         if piece not in best or t.median_ms < best[piece][0]:
             best[piece] = (t.median_ms, cfg)
 
-    for piece, flop, make in pieces:
-        configs = CONFIGS[(form, piece)]
-        for cfg in configs[:1] if INTERPRET else configs:
-            guarded(rec, "em_pieces", (n, p, K),
-                    {"piece": piece, "form": form, "precision": precision, **cfg},
-                    lambda piece=piece, cfg=cfg, flop=flop, make=make: one(piece, cfg, flop,
-                                                                            make))
-    return {piece: cfg for piece, (_, cfg) in best.items()}
+    for cfg in DENSITY_CONFIGS[form][:1] if INTERPRET else DENSITY_CONFIGS[form]:
+        guarded(rec, "em_pieces", (n, p, K),
+                {"piece": "density", "form": form, "precision": precision, **cfg},
+                lambda cfg=cfg: one("density", cfg, lambda X: kernels.log_prob(
+                    X, params, precision=precision, interpret=INTERPRET, form=form, **cfg),
+                    density_flop(n, p, K, form)))
+    if "density" not in best:
+        return {}
+    density = best["density"][1]
+    for cfg in STATS_CONFIGS[:1] if INTERPRET else STATS_CONFIGS:
+        guarded(rec, "em_pieces", (n, p, K),
+                {"piece": "e_step", "form": form, "precision": precision, **cfg},
+                lambda cfg=cfg: one("e_step", cfg, lambda X: kernels.suff_stats(
+                    X, params, precision=precision, interpret=INTERPRET, form=form,
+                    density_blocks=density, stats_blocks=cfg), kernel_flop(n, p, K, form)))
+    return {"density": density, "statistics": best["e_step"][1]} if "e_step" in best else {}
 
 
 def kernel_em_step(form, precision, density_cfg, stats_cfg):
     def step(X, params):
-        lse = kernels.log_prob(X, params, precision=precision, interpret=INTERPRET, form=form,
-                               **density_cfg)
-        stats = kernels.responsibility_stats(X, params, lse, precision=precision,
-                                             interpret=INTERPRET, form=form, **stats_cfg)
+        stats = kernels.suff_stats(X, params, precision=precision, interpret=INTERPRET,
+                                   form=form, density_blocks=density_cfg,
+                                   stats_blocks=stats_cfg)
         return m_step(stats, reg_covar=1e-6), stats.loglik
 
     return jax.jit(step)
@@ -297,24 +294,24 @@ def bench_em(rec, X, params, quick):
                           "speedup_vs_xla": xla_t.median_ms / t.median_ms, "flop": flop,
                           "tflops": flop / (t.median_ms * 1e-3) / 1e12})
         if (form, precision) not in best or t.median_ms < best[(form, precision)][0].median_ms:
-            best[(form, precision)] = (t, stats_cfg)
+            best[(form, precision)] = (t, (density_cfg, stats_cfg))
 
-    precisions = ("highest",) if INTERPRET else ("tf32x3", "highest")
-    # first the headline at the default blocks, then the block sweep per form (at the first
-    # precision, reused for the second)
-    defaults = kernels.DEFAULT_BLOCKS["quadratic"]
-    guarded(rec, "em_iteration", shape, {"form": "quadratic", "precision": precisions[0]},
-            lambda: one("quadratic", precisions[0], defaults["density"], defaults["stats"],
-                        False))
+    # first the headline at the default blocks, then the block sweep per form at "tf32x3";
+    # the whitened form (what "auto" runs at the default precision) also at "highest"
+    precision = "highest" if INTERPRET else "tf32x3"
+    defaults = kernels.DEFAULT_BLOCKS
+    guarded(rec, "em_iteration", shape, {"form": "quadratic", "precision": precision},
+            lambda: one("quadratic", precision, defaults["density"]["quadratic"],
+                        defaults["stats"], False))
     for form in ("quadratic", "whitened"):
-        chosen = sweep_pieces(rec, X, params, form, precisions[0], quick)
-        print(f"fastest pieces ({form}, {precisions[0]}): {chosen}", flush=True)
+        chosen = sweep_pieces(rec, X, params, form, precision)
+        print(f"fastest pieces ({form}, {precision}): {chosen}", flush=True)
         if len(chosen) == 2:
-            for precision in precisions:
-                guarded(rec, "em_iteration", shape, {"form": form, "precision": precision,
+            for prec in (precision, "highest") if form == "whitened" else (precision,):
+                guarded(rec, "em_iteration", shape, {"form": form, "precision": prec,
                                                      **chosen},
-                        lambda form=form, precision=precision, chosen=chosen: one(
-                            form, precision, chosen["density"], chosen["statistics"], True))
+                        lambda form=form, prec=prec, chosen=chosen: one(
+                            form, prec, chosen["density"], chosen["statistics"], True))
     return xla_t, best
 
 
@@ -355,7 +352,7 @@ def bench_sklearn(rec, X, params, kernel_ms):
 
 
 def bench_gibbs(rec, X, params, settings):
-    """``settings``: {(form, precision): statistics-pass blocks} to time."""
+    """``settings``: {(form, precision): (density blocks, statistics blocks)} to time."""
     n, p = X.shape
     prior = NIWPrior(jnp.zeros(p, jnp.float32), jnp.float32(0.01), jnp.float32(p + 2.0),
                      jnp.eye(p, dtype=jnp.float32) * 0.3)
@@ -368,16 +365,21 @@ def bench_gibbs(rec, X, params, settings):
                timing=xla_t, items=n, item_name="rows", extra={"precision": "highest"})
 
     def one(form, precision, cfg):
+        density, stats = cfg
+        # the draw needs the density pass's component blocks inside the statistics pass's
+        density = {**density, "block_k": min(density["block_k"], stats["block_k"])}
         fn = jax.jit(lambda key: kernel_gibbs_sweep(key, X, state, prior, sticks, form=form,
-                                                    precision=precision, **cfg))
+                                                    precision=precision,
+                                                    density_blocks=density, stats_blocks=stats))
         t = time_fn(fn, keys)
         rec.record("gibbs_sweep", shape=(n, p, K), dtype="float32", backend="pallas",
                    timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
-                   extra={"form": form, "precision": precision, **cfg,
+                   extra={"form": form, "precision": precision, "density_blocks": density,
+                          "stats_blocks": stats,
                           "speedup_vs_xla": xla_t.median_ms / t.median_ms})
 
     for (form, precision), cfg in settings.items():
-        guarded(rec, "gibbs_sweep", (n, p, K), {"form": form, "precision": precision, **cfg},
+        guarded(rec, "gibbs_sweep", (n, p, K), {"form": form, "precision": precision},
                 lambda form=form, precision=precision, cfg=cfg: one(form, precision, cfg))
 
 
@@ -389,8 +391,7 @@ def bench_fit_1e8(rec, precision, cfg):
     jax.block_until_ready(X)
     # fit_em runs the kernels' default blocks and form="auto"
     # (make_problem's X is centred, as fit_em centres it)
-    auto_form = ("quadratic" if float(kernels.quadratic_error_estimate(X, params))
-                 <= kernels.QUADRATIC_MAX_ERROR else "whitened")
+    auto_form = kernels.choose_form(X, params, precision)
     fit = jax.jit(functools.partial(fit_em, tol=0.0, max_iter=2,
                                     backend="interpret" if INTERPRET else "pallas",
                                     precision=precision))

@@ -58,7 +58,8 @@ class TestMixtureKernels(KernelTests):
         assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS, **kw, **STATS_BLOCKS)
+        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS, stats_blocks=STATS_BLOCKS,
+                                 **kw)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
@@ -71,7 +72,8 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(37, 3, 5, dtype)
         key = jax.random.key(4)
         kw = self.compiled_kwargs()
-        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw, **BLOCKS)
+        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw,
+                                           density_blocks=BLOCKS, stats_blocks=BLOCKS)
         want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
         # identical uniforms: labels agree except within rounding of a CDF boundary
         assert np.mean(np.asarray(labels) == np.asarray(want_labels)) >= (
@@ -86,7 +88,7 @@ class TestMixtureKernels(KernelTests):
         # the fused draw + statistics: statistics of the labels it drew, counted apart
         fused_labels, _, fused = kernels.sample_labels_with_stats(
             key, X, params, form="whitened" if dtype == np.float64 else "quadratic",
-            **kw, **STATS_BLOCKS)
+            density_blocks=BLOCKS, stats_blocks=STATS_BLOCKS, **kw)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
         assert_close(fused.counts, want.counts, rtol=0)
@@ -98,9 +100,9 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(20, 3, 9, np.float64)
         params = dataclasses.replace(params, weights=jnp.zeros(9).at[8].set(1.0))
         key = jax.random.key(1)
-        labels, lp, stats = kernels.sample_labels_with_stats(key, X, params,
-                                                             **self.compiled_kwargs(),
-                                                             **STATS_BLOCKS)
+        labels, lp, stats = kernels.sample_labels_with_stats(
+            key, X, params, **self.compiled_kwargs(), density_blocks=BLOCKS,
+            stats_blocks=STATS_BLOCKS)
         np.testing.assert_array_equal(labels, np.full(20, 8))
         assert_close(lp, ref.mvn_logpdf(X, params)[:, 8], rtol=kernel_rtol(np.float64))
         assert_close(stats.counts, jnp.zeros(9).at[8].set(20.0), rtol=0)
@@ -121,10 +123,30 @@ class TestMixtureKernels(KernelTests):
                 err = np.max(np.abs(np.asarray(got, np.float64) - want))
                 assert err < 1e-3, (precision, form, err)
 
+    def test_row_chunks_equal_one_pass(self):
+        """37 rows in chunks of 16 (three chunks, the last ragged): statistics, labels and
+        log p(x) equal the reference's, for both forms."""
+        X, params, rng = make_case(37, 3, 9, np.float64)
+        w = jnp.asarray(rng.uniform(0.1, 2.0, 37))
+        kw = dict(self.compiled_kwargs(), rows_per_chunk=16, density_blocks=BLOCKS,
+                  stats_blocks=STATS_BLOCKS)
+        rtol = kernel_rtol(np.float64)
+        key = jax.random.key(3)
+        want = ref.suff_stats(X, params, w)
+        want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
+        for form in kernels.FORMS:
+            got = kernels.suff_stats(X, params, w, form=form, **kw)
+            assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
+            assert_close(got.loglik, want.loglik, rtol=rtol)
+            labels, lp, stats = kernels.sample_labels_with_stats(key, X, params, form=form, **kw)
+            np.testing.assert_array_equal(labels, want_labels)
+            assert_close(lp, want_lp, rtol=rtol)
+            assert_close(stats.counts, jnp.bincount(want_labels, length=9), rtol=0)
+
     def test_auto_form_takes_whitened_where_the_quadratic_form_cancels(self):
-        """Tight components far from the centre: the rule predicts > QUADRATIC_MAX_ERROR,
-        the quadratic form really errs by more than 1e-3, and "auto" (eager and under jit,
-        where it is a lax.cond) matches float64 like the whitened form."""
+        """Tight components far from the centre: the rule predicts > QUADRATIC_MAX_ERROR, the
+        quadratic form really errs by more than 1e-3 and the whitened form does not; "auto"
+        takes the whitened form (on the GPU also at "tf32x3", traced: a lax.cond)."""
         rng = np.random.default_rng(5)
         p, k = 16, 8
         means = rng.normal(size=(k, p)) * 30.0
@@ -137,30 +159,37 @@ class TestMixtureKernels(KernelTests):
         want = np.asarray(ref.log_prob(X64, params64))
         assert float(kernels.quadratic_error_estimate(X32, params32)) > (
             kernels.QUADRATIC_MAX_ERROR)
+        assert kernels.choose_form(X32, params32, "tf32x3") == "whitened"
         kw = dict(self.compiled_kwargs(), block_n=16, block_k=8)
 
-        def err(form, jit=False):
-            fn = functools.partial(kernels.log_prob, form=form, **kw)
+        def err(form, precision="highest", jit=False):
+            fn = functools.partial(kernels.log_prob, form=form, precision=precision, **kw)
             got = (jax.jit(fn) if jit else fn)(X32, params32)
             return np.max(np.abs(np.asarray(got, np.float64) - want))
 
         assert err("quadratic") > 1e-3
         assert err("whitened") < 1e-4
         assert err("auto") < 1e-4
-        assert err("auto", jit=True) < 1e-4
+        if self.backend == "pallas":  # XLA:CPU has no TF32 dot algorithm
+            assert err("auto", "tf32x3", jit=True) < 1e-4
 
-    def test_auto_form_takes_quadratic_on_centred_data(self):
-        """The benchmark-like case (centred, moderate spread) is under the rule's threshold:
-        "auto" equals the quadratic form exactly and is within 1e-4 of float64."""
+    def test_auto_form_takes_quadratic_on_centred_data_at_tf32x3(self):
+        """Centred data of moderate spread are under the rule's threshold: "auto" is the
+        quadratic form at "tf32x3" (within 1e-4 of float64 on the GPU), whitened at
+        "highest" and for float64."""
         X64, params64, _ = make_case(40, 16, 12, np.float64, seed=6)
         X32 = X64.astype(jnp.float32)
         params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
         assert float(kernels.quadratic_error_estimate(X32, params32)) <= (
             kernels.QUADRATIC_MAX_ERROR)
-        kw = dict(self.compiled_kwargs(), block_n=16, block_k=8)
-        auto = kernels.log_prob(X32, params32, **kw)
-        assert_close(auto, kernels.log_prob(X32, params32, form="quadratic", **kw), rtol=0)
-        assert_close(auto, ref.log_prob(X64, params64), rtol=0, atol=1e-4)
+        assert kernels.choose_form(X32, params32, "tf32x3") == "quadratic"
+        assert kernels.choose_form(X32, params32, "highest") == "whitened"
+        assert kernels.choose_form(X64, params64, "tf32x3") == "whitened"
+        assert bool(jax.jit(lambda X, prm: kernels.choose_form(X, prm, "tf32x3"))(X32, params32))
+        if self.backend == "pallas":
+            got = jax.jit(functools.partial(kernels.log_prob, precision="tf32x3", block_n=16,
+                                            block_k=8))(X32, params32)
+            assert_close(got, ref.log_prob(X64, params64), rtol=0, atol=1e-4)
 
 
 def test_kernel_settings_are_checked():
@@ -169,15 +198,9 @@ def test_kernel_settings_are_checked():
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
     with pytest.raises(ValueError, match="form"):
         kernels.suff_stats(X, params, interpret=True, form="cubic")
-
-
-def test_feature_chunks_cover_the_packed_features():
-    """F = p(p+1)/2 + p rounded up to 16, split into powers of two >= 16, contiguous."""
-    for p, widths in [(1, [16]), (2, [16]), (3, [16]), (16, [128, 32]), (17, [128, 32, 16]),
-                      (32, [512, 32, 16])]:
-        chunks = kernels.feature_chunks(p)
-        assert [w for _, w in chunks] == widths
-        assert [o for o, _ in chunks] == list(np.cumsum([0, *widths[:-1]]))
+    with pytest.raises(ValueError, match="block_k"):
+        kernels.sample_labels(jax.random.key(0), X, params, interpret=True,
+                              density_blocks=dict(block_k=16), stats_blocks=dict(block_k=8))
 
 
 def sklearn_start(covariance_type, p, k):
