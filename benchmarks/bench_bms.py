@@ -41,7 +41,8 @@ REFERENCE_CHUNKS = 4
 # (block_cells, num_warps) of the Stage-2 kernel, the default first. Offline sm_90
 # compile (triton 3.6 + ptxas): (4, 2) 252 registers, (4, 4) 182, no spills; (4, 1) and
 # (8, 2) 255 with 0.4 and 0.3 KB of stack. H100 at 07c5f51: (4, 2) 7.79 ms, (4, 4) 8.75,
-# (8, 4) 10.2, (4, 8) 13.1, (8, 8) 17.7.
+# (8, 4) 10.2, (4, 8) 13.1, (8, 8) 17.7; at 69cc513: (4, 2) 8.25, (4, 1) 8.34, (8, 2) 9.23,
+# (4, 4) 9.54.
 STAGE2_CONFIGS = [(4, 2), (4, 1), (8, 2), (4, 4)]
 # which parts run: GPUSTAT_BMS_CASES=stage2 times Stage 2 alone
 CASES = os.environ.get("GPUSTAT_BMS_CASES", "joint,stage1,stage2").split(",")

@@ -326,8 +326,9 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
     """Kernel twin of :func:`gpustat.reference.bms.row_derivatives` (one row per program).
 
     Defaults: the fastest of the configurations swept on an H100 at n = 195k, r = 20,
-    23 cells per row (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl, 07c5f51):
-    7.79 ms against 8.75 ms at 4 warps and 10.2 ms at block_cells = 8.
+    23 cells per row (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl), in both runs:
+    7.79 ms (07c5f51; 4 warps 8.75, block_cells = 8 10.2) and 8.25 ms (69cc513; 1 warp
+    8.34, block_cells = 8 with 2 warps 9.23).
 
     Two per-item passes run in XLA around the kernel, each a few bytes per cell or row:
     the Hankel entries T_0..T_6 of every cell, and the probit factors of every row
