@@ -1,40 +1,39 @@
 """Pallas-Triton kernels for Gaussian mixtures: fused E-step statistics, densities, label draws.
 
-Two forms of the weighted log-density logit_ij = log w_j + log N(x_i | mu_j, Sigma_j),
-with precision Lambda_j = U_j U_j^T (U_j upper triangular):
+Whitened form (scikit-learn's; Suchard et al. 2010, eq. 1): with precision
+Lambda_j = U_j U_j^T (U_j upper triangular),
 
-* ``"whitened"`` (scikit-learn's; Suchard et al. 2010, eq. 1):
-  logit_ij = c_j - 1/2 sum_d (x_i^T U_j[:, d] - m_jd)^2, m_jd = mu_j^T U_j[:, d],
-  c_j = log w_j + log det U_j - p/2 log 2 pi. One (block_n, P) @ (P, block_k) product per
-  whitened coordinate d, each followed by a subtract and a square. Accurate: the squares
-  are of centred whitened coordinates (~1e-5 in float32).
-* ``"quadratic"``: logit_ij = c'_j + vec(x x^T) . Q_j + x . l_j with Q_j = -Lambda_j / 2,
-  l_j = Lambda_j mu_j, c'_j = c_j - mu_j^T Lambda_j mu_j / 2: one product of inner
-  dimension P^2 and one of P per tile, accumulated in place (tensor-core friendly), but its
-  terms cancel: the error grows like eps ||Lambda_j|| (|x - s| + |mu_j - s|)^2 about the
-  centre s of the data. :func:`quadratic_error_estimate` predicts it; :func:`choose_form`
-  takes the quadratic form only where it measured faster (``"tf32x3"``) and the
-  prediction is <= :data:`QUADRATIC_MAX_ERROR`.
+    log w_j + log N(x | mu_j, Sigma_j) = c_j - 1/2 sum_d (x^T U_j[:, d] - m_jd)^2,
+    m_jd = mu_j^T U_j[:, d],   c_j = log w_j + log det U_j - p/2 log 2 pi.
 
-Passes. Rows are processed in chunks of ``rows_per_chunk`` (memory O(chunk x k), so
-n = 1e8 fits). Per chunk the *density pass* (``_density_kernel``) computes each
-(block_n, block_k) tile of logits once, writes the per-block log-sum-exp (combined by XLA
-into log p(x)) and, for the statistics and the draws, the logits themselves; the
-*statistics pass* reads them back (one write and one read of 4 k bytes per row instead of
-recomputing the densities) and accumulates N, x^T r and vec(x x^T)^T r in registers, its
-products contracting the row axis of X^T (no in-register transposes).
+For each whitened coordinate d the kernels run one (block_n, P) @ (P, block_k) product
+x W_d against the stacked columns W_d[:, j] = U_j[:, d] of a component block, subtract
+m_d and accumulate the square: p products per tile and no n x k x p intermediate. The
+squares are of centred whitened coordinates, so float32 keeps ~1e-5 absolute accuracy
+where the expanded quadratic x^T Lambda x - 2 mu^T Lambda x + mu^T Lambda mu cancels
+(the public ops and the drivers pass centred X; the products themselves still cancel
+like |x| |U| eps, small once X is centred).
 
-Layout: features padded to P = max(16, next_pow2(p)) (Triton tensors are powers of two;
-float64 dots need a contraction >= 16), components to a multiple of both passes'
-``block_k`` (padded components get c = -inf and zero probability), rows to a multiple of
-both ``block_n`` (zero weight). Every kernel runs on grid (component block, row group):
-program (kb, g) walks ``tiles_per_program`` row tiles and writes one partial per
-(block, group).
+Features are padded to P = max(16, next_pow2(p)) (Triton tensors are powers of two;
+float64 dots need a contraction >= 16), components to a multiple of ``block_k`` (padded
+components get c = -inf and zero probability), rows to a multiple of ``block_n`` (zero
+weight). Every kernel runs on grid (component block, row group): program (kb, g) walks
+``tiles_per_program`` row tiles with its component block's W (p x P x block_k) reused
+from L1, and writes one partial per (block, group), combined by XLA. Nothing of size
+n x k is written except by :func:`mvn_logpdf`.
 
-Kernels: ``_density_kernel`` (block lse, optionally the logits), ``_suff_stats_kernel``
-(r = w exp(logit - log p(x))), ``_sample_stats_kernel`` (r = one-hot of an inverse-CDF
-draw inside the component block where the row's uniform lands, known from the block
-masses), ``_label_stats_kernel`` (one-hot of given labels), ``_mvn_logpdf_kernel``.
+Kernels:
+
+* ``_block_lse_kernel``: log sum_{j in block} exp(logit_ij) per row -> (blocks, n);
+  XLA's logsumexp over blocks gives log p(x).
+* ``_suff_stats_kernel``: recomputes the block's logits, r = w exp(logit - log p(x)), and
+  accumulates N, sum r x and sum r x x^T (one (block_k, P) product per coordinate d,
+  r x_d against x) in registers over the row group.
+* ``_sample_stats_kernel``: the same with r the one-hot of an inverse-CDF draw: the
+  block where row i's uniform lands is known from the block masses of the lse pass, the
+  draw inside it is a cumulative sum over the block (one uniform per row).
+* ``_label_stats_kernel``: the statistics of given labels (one-hot r).
+* ``_mvn_logpdf_kernel``: one (block_n, block_k) tile of log-densities.
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
@@ -56,47 +55,35 @@ from gpustat.mixture_params import (
     full_precision_cholesky,
     log_det_precision_cholesky,
 )
-from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat.pallas._common import next_pow2, pad_axis, pallas_call, register_lowering_case
 
 __all__ = [
-    "FORMS",
     "MAX_FEATURES",
     "PRECISIONS",
-    "QUADRATIC_MAX_ERROR",
-    "choose_form",
     "log_prob",
     "mvn_logpdf",
-    "quadratic_error_estimate",
+    "responsibility_stats",
     "sample_labels",
     "sample_labels_with_stats",
     "suff_stats",
     "suff_stats_from_labels",
 ]
 
-MAX_FEATURES = 32  # P^2 x block_k second-moment accumulators per program
+MAX_FEATURES = 32  # p products of (block_n, P) x (P, block_k) per tile; P^2 x block_k accumulators
 PRECISIONS = {
     "highest": jax.lax.DotAlgorithmPreset.F32_F32_F32,
     "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
 }
-FORMS = ("whitened", "quadratic")
-# choose_form takes the quadratic form when quadratic_error_estimate <= this: half of the
-# 1e-3 nats per point that the issue allows. Calibrated on the benchmark's data on a CPU
-# (this kernel's float32 arithmetic, vec(x x^T) with P^2 = 256 terms, vs float64), shifted
-# off-centre by 0, 2, 5 and 20 and scaled by 1 and 10: the estimate was 1.07x to 1.56x the
-# measured max error in every case.
-QUADRATIC_MAX_ERROR = 5e-4
-ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
-# Kernel settings of the density pass per form, and of the statistics passes.
+# Kernel settings per family: "density" (the log p(x) pass, mvn_logpdf) and "stats" (the
+# statistics passes; sampling uses them for its lse pass too, whose blocks it shares).
+# density: the fastest of four settings timed on an H100 (4.4 ms for the pass at n = 1e6,
+# p = 16, k = 256, "tf32x3"). stats: not timed since its rewrite; of the settings compiled
+# offline for sm_90 (triton 3.6, ptxas resource report) the one with no register spills
+# (255 registers, 0 bytes of stack; 64-row tiles at 4 or 8 warps spill 2 KB).
 DEFAULT_BLOCKS = {
-    "density": {
-        # whitened: the fastest of four settings timed on an H100 (4.4 ms for the pass at
-        # n = 1e6, p = 16, k = 256, "tf32x3", commit dcc904f)
-        "whitened": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
-        "quadratic": {"block_n": 64, "block_k": 64, "tiles_per_program": 64, "num_warps": 4},
-    },
-    # the vec(x x^T) products measured fastest at 32-row tiles, 64 components, 8 warps
-    # (H100, commit dcc904f: 6.93 ms for the pass including a whitened recompute)
-    "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 128, "num_warps": 8},
+    "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
+    "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 8,
+              "moments": "quadratic"},
 }
 
 
@@ -110,93 +97,27 @@ def _dot_algorithm(dtype, precision: str):
     return None if jnp.dtype(dtype) == jnp.float64 else PRECISIONS[precision]
 
 
-def _log_normaliser(params: MixtureParams, weighted: bool):
-    """c_j = [log w_j] + log det U_j - p/2 log 2 pi."""
-    p = params.means.shape[1]
-    c = log_det_precision_cholesky(params) - 0.5 * p * math.log(2 * math.pi)
-    return c + jnp.log(params.weights) if weighted else c
-
-
-def _precisions(params: MixtureParams):
-    chol = full_precision_cholesky(params)
-    return jnp.einsum("kad,kbd->kab", chol, chol, precision=jax.lax.Precision.HIGHEST)
-
-
-def _coefficients(form: str, params: MixtureParams, P: int, K: int, weighted: bool):
-    """The density kernels' coefficient arrays (module docstring), padded to P and K.
-
-    whitened: (W (p, P, K), m (p, K), c (K,)), W[d, :, j] = U_j[:, d], m[d, j] = mu_j^T U_j[:, d];
-    quadratic: (Q (P^2, K), l (P, K), c' (K,)), Q[a P + b, j] = -Lambda_j[a, b] / 2.
-    """
+def _whitening(params: MixtureParams, P: int, K: int, *, weighted: bool = True):
+    """(W (p, P, K), m (p, K), c (K,)): W[d, :, j] = U_j[:, d], m[d, j] = mu_j^T U_j[:, d]."""
     k, p = params.means.shape
-    hi = jax.lax.Precision.HIGHEST
-    c = _log_normaliser(params, weighted)
-    if form == "whitened":
-        chol = full_precision_cholesky(params)
-        shift = jnp.einsum("ka,kad->kd", params.means, chol, precision=hi)
-        first = jnp.pad(jnp.transpose(chol, (2, 1, 0)), ((0, 0), (0, P - p), (0, K - k)))
-        second = jnp.pad(shift.T, ((0, 0), (0, K - k)))
-    else:
-        prec = _precisions(params)
-        lin = jnp.einsum("kab,kb->ka", prec, params.means, precision=hi)
-        quad = jnp.pad(-0.5 * prec, ((0, 0), (0, P - p), (0, P - p))).reshape(k, P * P)
-        first = jnp.pad(quad.T, ((0, 0), (0, K - k)))
-        second = jnp.pad(lin.T, ((0, P - p), (0, K - k)))
-        c = c - 0.5 * jnp.sum(lin * params.means, axis=1)
-    return first, second, jnp.pad(c, (0, K - k), constant_values=-jnp.inf)
+    chol = full_precision_cholesky(params)
+    shift = jnp.einsum("ka,kad->kd", params.means, chol, precision=jax.lax.Precision.HIGHEST)
+    c = log_det_precision_cholesky(params) - 0.5 * p * math.log(2 * math.pi)
+    if weighted:
+        c = c + jnp.log(params.weights)
+    W = jnp.pad(jnp.transpose(chol, (2, 1, 0)), ((0, 0), (0, P - p), (0, K - k)))
+    m = jnp.pad(shift.T, ((0, 0), (0, K - k)))
+    c = jnp.pad(c, (0, K - k), constant_values=-jnp.inf)
+    return W, m, c
 
 
-def quadratic_error_estimate(X, params: MixtureParams):
-    """Predicted max |error| of the quadratic form's log-densities in X's dtype (scalar).
-
-    u max_j ||Lambda_j||_inf (R + |mu_j|)^2 with u = eps / 2 of X's dtype and R the largest
-    row norm of X: the size of the largest terms of the quadratic form that cancel (X and
-    the means as the kernels get them, i.e. centred). Not a rigorous bound; see
-    :data:`QUADRATIC_MAX_ERROR` for its calibration.
-    """
-    u = 0.5 * jnp.finfo(X.dtype).eps
-    norm = jnp.max(jnp.sum(jnp.abs(_precisions(params)), axis=2), axis=1)
-    radius = jnp.sqrt(jnp.max(jnp.sum(X * X, axis=1)))
-    spread = radius + jnp.sqrt(jnp.sum(params.means * params.means, axis=1))
-    return u * jnp.max(norm * spread * spread)
-
-
-def choose_form(X, params: MixtureParams, precision: str):
-    """"quadratic" or "whitened" for ``form="auto"``: a string, or a traced bool
-    (True = quadratic) when the estimate is traced.
-
-    Quadratic only at ``precision="tf32x3"`` on float32 (H100, commit f0e94bb: at "highest"
-    its IEEE fp32 products made an EM iteration 3x slower than the whitened form's) and
-    only where :func:`quadratic_error_estimate` <= :data:`QUADRATIC_MAX_ERROR`.
-    """
-    if precision != "tf32x3" or jnp.dtype(X.dtype) != jnp.float32:
-        return "whitened"
-    small = quadratic_error_estimate(X, params) <= QUADRATIC_MAX_ERROR
-    if isinstance(small, jax.core.Tracer):
-        return small
-    return "quadratic" if bool(small) else "whitened"
-
-
-# ---------------------------------------------------------------------------------------
-# Kernel bodies.
-
-
-def _dot(a, b, algorithm):
-    return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
-
-
-def _block_logits(form, x, coef_refs, kb, block_k, algorithm):
+def _block_logits(x, W_ref, m_ref, c_ref, kb, block_k, algorithm):
     """(block_n, block_k) logits of component block kb for the row tile x (block_n, P)."""
-    first_ref, second_ref, c_ref = coef_refs
     cols = pl.ds(kb * block_k, block_k)
-    if form == "quadratic":
-        block_n, P = x.shape
-        q = (x[:, :, None] * x[:, None, :]).reshape(block_n, P * P)  # vec(x x^T) per row
-        return (c_ref[cols][None, :] + _dot(q, first_ref[:, cols], algorithm)
-                + _dot(x, second_ref[:, cols], algorithm))
     sq = None
-    for d in range(first_ref.shape[0]):  # static: one product per whitened coordinate
-        z = _dot(x, first_ref[d, :, cols], algorithm) - second_ref[d, cols][None, :]
+    for d in range(W_ref.shape[0]):  # static: one product per whitened coordinate
+        z = jnp.dot(x, W_ref[d, :, cols], precision=algorithm,
+                    preferred_element_type=x.dtype) - m_ref[d, cols][None, :]
         sq = z * z if sq is None else sq + z * z
     return c_ref[cols][None, :] - 0.5 * sq
 
@@ -213,181 +134,195 @@ def _tile_loop(body, init, *, tiles_per_program, n_tiles):
     return jax.lax.fori_loop(first, jnp.minimum(first + tiles_per_program, n_tiles), body, init)
 
 
-def _density_kernel(x_ref, *refs, form, store_logits, block_n, block_k, tiles_per_program,
-                    n_tiles, algorithm):
-    coef_refs, (lse_ref, *logits_ref) = refs[:3], refs[3:]
+def _block_lse_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k,
+                      tiles_per_program, n_tiles, algorithm):
     kb = pl.program_id(0)
 
     def body(t, carry):
         rows = pl.ds(t * block_n, block_n)
-        logits = _block_logits(form, x_ref[rows, :], coef_refs, kb, block_k, algorithm)
-        if store_logits:
-            logits_ref[0][rows, pl.ds(kb * block_k, block_k)] = logits
+        logits = _block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
         top = _safe_max(logits)
-        lse_ref[kb, rows] = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=1))
+        out_ref[kb, rows] = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=1))
         return carry
 
     _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
 
 
-def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, block_n, block_k,
-               tiles_per_program, n_tiles, algorithm):
-    """N += sum r, S1 += x^T r, S2 += vec(x x^T)^T r of ``responsibilities_fn(rows)``
-    (block_n, block_k) over this program's row tiles, in registers; then store the partials.
+def _stats_init(block_k, P, p, moments, dtype):
+    if moments == "coordinate":
+        s2 = tuple(jnp.zeros((P, block_k), dtype) for _ in range(p))
+    else:
+        s2 = jnp.zeros((P * P, block_k), dtype)
+    return jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype), s2
+
+
+def _add_stats(acc, xt_ref, rows, r, moments, algorithm):
+    """N += sum r, S1 += x^T r, S2 += (x x^T)^T r over one row tile (register accumulators).
 
     Rows are the contraction axis of every product, so the tile is read transposed
-    (xt (P, block_n), from X^T) and r is the right operand as it stands.
+    (xt (P, block_n), from X^T) and r (block_n, block_k) is the right operand as it
+    stands: no in-register transposes. ``moments`` picks the S2 products: "quadratic",
+    one (P*P, block_n) x (block_n, block_k) product of q = vec(x x^T); "coordinate",
+    p products (x * x_d)^T r of (P, block_n) x (block_n, block_k).
     """
-    P = xt_ref.shape[0]
-    dtype = xt_ref.dtype
+    counts, s1, s2 = acc
+    xt = xt_ref[:, rows]
 
-    def body(t, acc):
-        counts, s1, s2 = acc
-        rows = pl.ds(t * block_n, block_n)
-        r = responsibilities_fn(rows)
-        xt = xt_ref[:, rows]
-        q = (xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n)
-        return (counts + jnp.sum(r, axis=0), s1 + _dot(xt, r, algorithm),
-                s2 + _dot(q, r, algorithm))
+    def dot(a, b):
+        return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
 
-    init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
-            jnp.zeros((P * P, block_k), dtype))
-    counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
-                                n_tiles=n_tiles)
+    if moments == "coordinate":
+        s2 = tuple(s2_d + dot(xt * xt_ref[d, rows][None, :], r) for d, s2_d in enumerate(s2))
+    else:
+        P, block_n = xt.shape
+        s2 = s2 + dot((xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n), r)
+    return counts + jnp.sum(r, axis=0), s1 + dot(xt, r), s2
+
+
+def _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k):
+    """This program's partials; S2 rows a * P + b (a < p for "coordinate") hold sum r x_a x_b."""
     kb, g = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(kb * block_k, block_k)
+    counts, s1, s2 = acc
     counts_ref[g, cols] = counts
     s1_ref[g, :, cols] = s1
-    s2_ref[g, :, cols] = s2
+    if isinstance(s2, tuple):
+        P = s1.shape[0]
+        for d, s2_d in enumerate(s2):
+            s2_ref[g, pl.ds(d * P, P), cols] = s2_d
+    else:
+        s2_ref[g, :, cols] = s2
 
 
-def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loop):
-    cols = pl.ds(pl.program_id(0) * block_k, block_k)
+def _run_stats(xt_ref, responsibilities_fn, outs, *, p, block_n, block_k, tiles_per_program,
+               n_tiles, moments, algorithm):
+    """Accumulate the statistics of ``responsibilities_fn(rows)`` over this program's tiles."""
+    def body(t, acc):
+        rows = pl.ds(t * block_n, block_n)
+        return _add_stats(acc, xt_ref, rows, responsibilities_fn(rows), moments, algorithm)
+
+    acc = _tile_loop(body, _stats_init(block_k, xt_ref.shape[0], p, moments, xt_ref.dtype),
+                     tiles_per_program=tiles_per_program, n_tiles=n_tiles)
+    _store_stats(acc, *outs, block_k)
+
+
+def _suff_stats_kernel(x_ref, xt_ref, w_ref, lse_ref, W_ref, m_ref, c_ref, *outs, block_n,
+                       block_k, algorithm, **loop):
+    kb = pl.program_id(0)
 
     def responsibilities(rows):
-        return jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None]) * w_ref[rows][:, None]
+        logits = _block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
+        return jnp.exp(logits - lse_ref[rows][:, None]) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
+    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
+               block_k=block_k, algorithm=algorithm, **loop)
 
 
-def _sample_stats_kernel(xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, logits_ref,
-                         label_ref, *outs, block_k, n_components, **loop):
+def _sample_stats_kernel(x_ref, xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, W_ref,
+                         m_ref, c_ref, label_ref, *outs, block_n, block_k, n_components,
+                         algorithm, **loop):
     kb = pl.program_id(0)
-    cols = pl.ds(kb * block_k, block_k)
     component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
     def responsibilities(rows):
-        prob = jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None])
+        prob = jnp.exp(_block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k,
+                                     algorithm) - lse_ref[rows][:, None])
         # inverse CDF inside the block: components whose cumulative probability is <= u
         cdf = start_ref[kb, rows][:, None] + jnp.cumsum(prob, axis=1)
         below = jnp.sum(cdf <= u_ref[rows][:, None], axis=1, dtype=jnp.int32)
         label = jnp.minimum(kb * block_k + jnp.minimum(below, block_k - 1), n_components - 1)
-        mine = landing_ref[rows] == kb  # u_i lands in this block (from the block masses)
+        mine = landing_ref[rows] == kb  # u_i lands in this block (from the lse pass)
         label_ref[kb, rows] = jnp.where(mine, label, 0)
         onehot = (label[:, None] == component) & mine[:, None]
         return onehot.astype(prob.dtype) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
+    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
+               block_k=block_k, algorithm=algorithm, **loop)
 
 
-def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, block_k, **loop):
-    component = pl.program_id(0) * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, p, block_n, block_k, algorithm,
+                        **loop):
+    kb = pl.program_id(0)
+    component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
     def responsibilities(rows):
         onehot = label_ref[rows][:, None] == component
         return onehot.astype(xt_ref.dtype) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
+    _run_stats(xt_ref, responsibilities, outs, p=p, block_n=block_n, block_k=block_k,
+               algorithm=algorithm, **loop)
 
 
-def _mvn_logpdf_kernel(x_ref, *refs, form, block_n, block_k, algorithm):
-    coef_refs, out_ref = refs[:3], refs[3]
+def _mvn_logpdf_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k, algorithm):
     rows = pl.ds(pl.program_id(0) * block_n, block_n)
     kb = pl.program_id(1)
     out_ref[rows, pl.ds(kb * block_k, block_k)] = _block_logits(
-        form, x_ref[rows, :], coef_refs, kb, block_k, algorithm)
+        x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
 
 
 # ---------------------------------------------------------------------------------------
 # Wrappers: same signatures as gpustat.reference.mixture (plus kernel settings).
 
 
-def _settings(defaults: dict, blocks: dict | None) -> dict:
-    """``defaults`` updated with the caller's non-None settings."""
-    blocks = blocks or {}
+def _settings(blocks: dict, family: str) -> dict:
+    """DEFAULT_BLOCKS[family] updated with the caller's non-None settings."""
+    defaults = DEFAULT_BLOCKS[family]
     unknown = set(blocks) - set(defaults)
     if unknown:
         raise TypeError(f"unknown kernel settings {sorted(unknown)}; known: {list(defaults)}")
-    return {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
+    settings = {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
+    if settings.get("moments", "quadratic") not in ("quadratic", "coordinate"):
+        raise ValueError("moments must be 'quadratic' or 'coordinate', got "
+                         f"{settings['moments']!r}")
+    return settings
 
 
 def _full_spec(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-class _Pass:
-    """Block settings and grid of one pass over n_pad rows and K components."""
+class _Layout:
+    """Padded rows (X and X^T) and the grid of one kernel family; see the module docstring."""
 
-    def __init__(self, settings: dict, n_pad: int, K: int):
-        self.block_n, self.block_k = settings["block_n"], settings["block_k"]
-        self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
-        self.n_tiles = n_pad // self.block_n
-        self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
+    def __init__(self, X, n_components, *, precision, interpret, blocks, family="stats"):
+        s = _settings(blocks, family)
+        self.block_n, self.block_k = s["block_n"], s["block_k"]
+        self.tiles = s["tiles_per_program"]
+        self.num_warps, self.moments = s["num_warps"], s.get("moments")
+        self.n, self.p = X.shape
+        self.k = n_components
+        self.P = padded_features(self.p)
+        self.K = -(-n_components // self.block_k) * self.block_k
+        self.Xp = pad_axis(jnp.pad(X, ((0, 0), (0, self.P - self.p))), 0, self.block_n)
+        self.n_pad = self.Xp.shape[0]
+        self.n_tiles = self.n_pad // self.block_n
+        self.n_blocks = self.K // self.block_k
+        self.groups = -(-self.n_tiles // self.tiles)
+        self.algorithm = _dot_algorithm(X.dtype, precision)
+        self.interpret = interpret
 
-    def call(self, kernel, inputs, out_shape, *, interpret, **static):
-        kernel = functools.partial(kernel, block_n=self.block_n, block_k=self.block_k,
-                                   tiles_per_program=self.tiles, n_tiles=self.n_tiles,
-                                   **static)
+    def pad_rows(self, a):
+        return jnp.pad(a, (0, self.n_pad - a.shape[0]))
+
+    def call(self, kernel, inputs, out_shape, *, stats=False, **static):
+        """Launch on grid (component blocks, row groups) with whole-array refs."""
+        if stats:
+            static.update(moments=self.moments)
+        kernel = functools.partial(kernel, tiles_per_program=self.tiles, n_tiles=self.n_tiles,
+                                   block_n=self.block_n, block_k=self.block_k,
+                                   algorithm=self.algorithm, **static)
         return pallas_call(
-            kernel, interpret=interpret, num_warps=self.num_warps, grid=self.grid,
+            kernel, interpret=self.interpret, num_warps=self.num_warps,
+            grid=(self.n_blocks, self.groups),
             in_specs=[_full_spec(a.shape) for a in inputs],
             out_specs=[_full_spec(s.shape) for s in out_shape], out_shape=out_shape,
         )(*inputs)
 
-
-class _Layout:
-    """Padding shared by the density and statistics passes of one row chunk (n rows)."""
-
-    def __init__(self, n, p, n_components, dtype, *, precision, interpret, form="whitened",
-                 density_blocks=None, stats_blocks=None):
-        density = _settings(DEFAULT_BLOCKS["density"][form], density_blocks)
-        stats = _settings(DEFAULT_BLOCKS["stats"], stats_blocks)
-        self.n, self.p, self.k, self.form = n, p, n_components, form
-        self.P = padded_features(p)
-        row_multiple = max(density["block_n"], stats["block_n"])
-        col_multiple = max(density["block_k"], stats["block_k"])
-        self.n_pad = -(-n // row_multiple) * row_multiple
-        self.K = -(-n_components // col_multiple) * col_multiple
-        self.density = _Pass(density, self.n_pad, self.K)
-        self.stats = _Pass(stats, self.n_pad, self.K)
-        self.algorithm = _dot_algorithm(dtype, precision)
-        self.interpret = interpret
-        self.dtype = dtype
-
-    def pad_rows(self, a):
-        return jnp.pad(a, [(0, self.n_pad - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-
-    def padded_x(self, X):
-        return self.pad_rows(jnp.pad(X, ((0, 0), (0, self.P - self.p))))
-
-    def density_pass(self, Xp, coefficients, *, store_logits):
-        """(block lse (blocks, n_pad), logits (n_pad, K) or None)."""
-        out = [jax.ShapeDtypeStruct((self.density.grid[0], self.n_pad), self.dtype)]
-        if store_logits:
-            out.append(jax.ShapeDtypeStruct((self.n_pad, self.K), self.dtype))
-        res = self.density.call(_density_kernel, (Xp, *coefficients), out,
-                                interpret=self.interpret, form=self.form,
-                                store_logits=store_logits, algorithm=self.algorithm)
-        return res[0], (res[1] if store_logits else None)
-
-    def stats_pass(self, kernel, Xp, inputs, extra_out=(), **static):
-        """Partials (counts, S1, S2) of a statistics kernel (plus its ``extra_out``)."""
-        groups = self.stats.grid[1]
-        out = [*extra_out, jax.ShapeDtypeStruct((groups, self.K), self.dtype),
-               jax.ShapeDtypeStruct((groups, self.P, self.K), self.dtype),
-               jax.ShapeDtypeStruct((groups, self.P * self.P, self.K), self.dtype)]
-        return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
-                               algorithm=self.algorithm, **static)
+    def stats_shapes(self):
+        dtype = self.Xp.dtype
+        return [jax.ShapeDtypeStruct((self.groups, self.K), dtype),
+                jax.ShapeDtypeStruct((self.groups, self.P, self.K), dtype),
+                jax.ShapeDtypeStruct((self.groups, self.P * self.P, self.K), dtype)]
 
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
         """Sum the per-group partials and cut the padding (S2 rows a * P + b)."""
@@ -397,178 +332,122 @@ class _Layout:
                          loglik)
 
 
-def _by_form(form, X, params, precision, run):
-    """``run(concrete_form)``; "auto" follows :func:`choose_form` (``lax.cond`` if traced)."""
-    if form not in (*FORMS, "auto"):
-        raise ValueError(f"form must be one of {(*FORMS, 'auto')}, got {form!r}")
-    if form != "auto":
-        return run(form)
-    chosen = choose_form(X, params, precision)
-    if isinstance(chosen, str):
-        return run(chosen)
-    return jax.lax.cond(chosen, lambda: run("quadratic"), lambda: run("whitened"))
+class _Problem(_Layout):
+    """The layout plus the whitened coefficients of the parameters."""
+
+    def __init__(self, X, params, *, weighted=True, **kw):
+        super().__init__(X, params.n_components, **kw)
+        self.coefficients = _whitening(params, self.P, self.K, weighted=weighted)
+
+    def block_lse(self):
+        """(blocks, n_pad) log-sum-exp of each component block's weighted logits."""
+        out = jax.ShapeDtypeStruct((self.n_blocks, self.n_pad), self.Xp.dtype)
+        return self.call(_block_lse_kernel, (self.Xp, *self.coefficients), [out])[0]
 
 
-def _over_chunks(chunk_fn, rows_per_chunk, arrays):
-    """``chunk_fn`` over row chunks of ``arrays`` (first axis n): the sum of its first output
-    (a pytree) and the concatenation of the others (per-row arrays). The last chunk is
-    padded with zeros (the callers' zero weights make padded rows count for nothing)."""
-    n = arrays[0].shape[0]
-    if n <= rows_per_chunk:
-        return chunk_fn(*arrays)
-    n_chunks = -(-n // rows_per_chunk)
-    chunks = [jnp.pad(a, [(0, n_chunks * rows_per_chunk - n)] + [(0, 0)] * (a.ndim - 1))
-              .reshape(n_chunks, rows_per_chunk, *a.shape[1:]) for a in arrays]
-    shapes = jax.eval_shape(chunk_fn, *(c[0] for c in chunks))
-    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
-
-    def body(total, chunk):
-        total_c, *rows = chunk_fn(*chunk)
-        return jax.tree.map(jnp.add, total, total_c), rows
-
-    total, rows = jax.lax.scan(body, zero, chunks)
-    return (total, *(r.reshape(-1, *r.shape[2:])[:n] for r in rows))
-
-
-def _unit_weights(X, sample_weight):
-    return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
+def _row_weights(X, sample_weight, layout: _Layout):
+    w = jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
+    return layout.pad_rows(w)
 
 
 def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
-             form: str = "auto", **blocks):
-    """(n,) log p(x_i): the density pass (block log-sum-exps, no logits written), combined
-    over blocks by XLA. ``form``: "whitened", "quadratic" or "auto" (:func:`choose_form`);
-    ``blocks``: density-pass settings overriding :data:`DEFAULT_BLOCKS`.
-    """
-    def run(form):
-        layout = _Layout(*X.shape, params.n_components, X.dtype, precision=precision,
-                         interpret=interpret, form=form, density_blocks=blocks)
-        coefficients = _coefficients(form, params, layout.P, layout.K, True)
-        part, _ = layout.density_pass(layout.padded_x(X), coefficients, store_logits=False)
-        return jax.nn.logsumexp(part, axis=0)[:layout.n]
+             **blocks):
+    """(n,) log p(x_i): per-block log-sum-exp kernel, combined over blocks by XLA.
 
-    return _by_form(form, X, params, precision, run)
+    ``blocks``: kernel settings overriding :data:`DEFAULT_BLOCKS` (here and below).
+    """
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks,
+                    family="density")
+    return jax.nn.logsumexp(prob.block_lse(), axis=0)[:prob.n]
+
+
+def responsibility_stats(X, params: MixtureParams, log_prob_x, sample_weight=None, *,
+                         precision: str = "highest", interpret: bool = False,
+                         **blocks) -> SuffStats:
+    """The statistics pass alone, given log p(x_i) (n,): N, sum r x, sum r x x^T, sum w log p."""
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
+    lse = prob.pad_rows(log_prob_x)
+    w = _row_weights(X, sample_weight, prob)
+    partials = prob.call(_suff_stats_kernel, (prob.Xp, prob.Xp.T, w, lse, *prob.coefficients),
+                         prob.stats_shapes(), stats=True)
+    return prob.sum_stats(*partials, jnp.sum(w * lse))
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str = "highest",
-               interpret: bool = False, form: str = "auto", rows_per_chunk: int = ROWS_PER_CHUNK,
-               density_blocks: dict | None = None, stats_blocks: dict | None = None
-               ) -> SuffStats:
-    """Fused E-step statistics per row chunk: the density pass (logits and block lse), then
-    the statistics pass over the stored logits."""
-    def run(form):
-        def chunk(Xc, wc):
-            layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
-                             interpret=interpret, form=form, density_blocks=density_blocks,
-                             stats_blocks=stats_blocks)
-            Xp = layout.padded_x(Xc)
-            coefficients = _coefficients(form, params, layout.P, layout.K, True)
-            part, logits = layout.density_pass(Xp, coefficients, store_logits=True)
-            lse = jax.nn.logsumexp(part, axis=0)
-            w = layout.pad_rows(wc)
-            partials = layout.stats_pass(_suff_stats_kernel, Xp, (w, lse, logits))
-            return (layout.sum_stats(*partials, jnp.sum(w * lse)),)
-
-        return _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
-
-    return _by_form(form, X, params, precision, run)
+               interpret: bool = False, **blocks) -> SuffStats:
+    """Fused E-step statistics: the log p(x) pass, then the per-component-block stats pass."""
+    density_blocks = {k: v for k, v in blocks.items() if k != "moments"}
+    lse = log_prob(X, params, precision=precision, interpret=interpret, **density_blocks)
+    return responsibility_stats(X, params, lse, sample_weight, precision=precision,
+                                interpret=interpret, **blocks)
 
 
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
                            **blocks) -> SuffStats:
     """Statistics of hard labels with one-hot responsibilities built in-kernel."""
-    layout = _Layout(*X.shape, n_components, X.dtype, precision=precision, interpret=interpret,
-                     stats_blocks=blocks)
-    w = layout.pad_rows(_unit_weights(X, sample_weight))
+    layout = _Layout(X, n_components, precision=precision, interpret=interpret, blocks=blocks)
+    w = _row_weights(X, sample_weight, layout)
     labels = layout.pad_rows(labels.astype(jnp.int32))
-    partials = layout.stats_pass(_label_stats_kernel, layout.padded_x(X), (w, labels))
+    partials = layout.call(_label_stats_kernel, (layout.Xp.T, w, labels),
+                           layout.stats_shapes(), stats=True, p=layout.p)
     return layout.sum_stats(*partials, jnp.zeros((), X.dtype))
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
-                             interpret: bool = False, form: str = "auto",
-                             rows_per_chunk: int = ROWS_PER_CHUNK,
-                             density_blocks: dict | None = None,
-                             stats_blocks: dict | None = None):
+                             interpret: bool = False, **blocks):
     """Inverse-CDF draw per row fused with the statistics of the drawn labels.
 
-    Row i uses u_i = ``jax.random.uniform(key, (n,))[i]``. Returns (labels (n,) int32,
-    log p(x) (n,), :class:`SuffStats` of the labels).
+    Returns (labels (n,) int32, log p(x) (n,), :class:`SuffStats` of the labels).
     """
-    u_all = jax.random.uniform(key, (X.shape[0],), dtype=X.dtype)
-
-    def run(form):
-        def chunk(Xc, uc, wc):
-            layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
-                             interpret=interpret, form=form, density_blocks=density_blocks,
-                             stats_blocks=stats_blocks)
-            Xp = layout.padded_x(Xc)
-            coefficients = _coefficients(form, params, layout.P, layout.K, True)
-            part, logits = layout.density_pass(Xp, coefficients, store_logits=True)
-            # regroup the density pass's block lse into the statistics pass's blocks
-            blocks = layout.stats.grid[0]
-            if layout.density.block_k > layout.stats.block_k:
-                raise ValueError("sampling needs the density pass's block_k <= the statistics "
-                                 f"pass's, got {layout.density.block_k} > "
-                                 f"{layout.stats.block_k}")
-            part = jax.nn.logsumexp(part.reshape(blocks, -1, layout.n_pad), axis=1)
-            lse = jax.nn.logsumexp(part, axis=0)
-            u = layout.pad_rows(uc)
-            # block masses -> exclusive prefix (start of each block's CDF) and the landing
-            # block: the last block of positive mass whose start is <= u
-            mass = jnp.exp(part - lse)
-            start = jnp.cumsum(mass, axis=0) - mass
-            block_ids = jnp.arange(blocks, dtype=jnp.int32)[:, None]
-            landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
-            labels, *partials = layout.stats_pass(
-                _sample_stats_kernel, Xp, (layout.pad_rows(wc), u, lse, start, landing, logits),
-                [jax.ShapeDtypeStruct((blocks, layout.n_pad), jnp.int32)],
-                n_components=layout.k)
-            labels = jnp.sum(labels, axis=0)[:layout.n]
-            return (layout.sum_stats(*partials, jnp.zeros((), X.dtype)), labels,
-                    lse[:layout.n])
-
-        stats, labels, lse = _over_chunks(chunk, rows_per_chunk,
-                                          (X, u_all, jnp.ones(X.shape[0], X.dtype)))
-        return labels, lse, stats
-
-    return _by_form(form, X, params, precision, run)
+    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
+    part = prob.block_lse()
+    lse = jax.nn.logsumexp(part, axis=0)
+    u = prob.pad_rows(jax.random.uniform(key, (prob.n,), dtype=X.dtype))
+    # block masses -> exclusive prefix (start of each block's CDF) and the landing block:
+    # the last block of positive mass whose start is <= u
+    mass = jnp.exp(part - lse)
+    start = jnp.cumsum(mass, axis=0) - mass
+    block_ids = jnp.arange(prob.n_blocks, dtype=jnp.int32)[:, None]
+    landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
+    w = _row_weights(X, None, prob)  # 0 on padding rows
+    labels, *partials = prob.call(
+        _sample_stats_kernel,
+        (prob.Xp, prob.Xp.T, w, u, lse, start, landing, *prob.coefficients),
+        [jax.ShapeDtypeStruct((prob.n_blocks, prob.n_pad), jnp.int32), *prob.stats_shapes()],
+        stats=True, n_components=prob.k)
+    labels = jnp.sum(labels, axis=0)[:prob.n]
+    return labels, lse[:prob.n], prob.sum_stats(*partials, jnp.zeros((), X.dtype))
 
 
 def sample_labels(key, X, params: MixtureParams, *, precision: str = "highest",
-                  interpret: bool = False, return_log_prob: bool = False, form: str = "auto",
-                  **settings):
+                  interpret: bool = False, return_log_prob: bool = False, **blocks):
     """One inverse-CDF categorical draw per row (uniforms as in the reference)."""
     labels, lse, _ = sample_labels_with_stats(key, X, params, precision=precision,
-                                              interpret=interpret, form=form, **settings)
+                                              interpret=interpret, **blocks)
     return (labels, lse) if return_log_prob else labels
 
 
 def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
-               form: str = "auto", **blocks):
+               **blocks):
     """(n, k) component log-densities, one (block_n, block_k) tile per program."""
-    def run(form):
-        layout = _Layout(*X.shape, params.n_components, X.dtype, precision=precision,
-                         interpret=interpret, form=form, density_blocks=blocks)
-        d = layout.density
-        inputs = (layout.padded_x(X), *_coefficients(form, params, layout.P, layout.K, False))
-        kernel = functools.partial(_mvn_logpdf_kernel, form=form, block_n=d.block_n,
-                                   block_k=d.block_k, algorithm=layout.algorithm)
-        out_shape = jax.ShapeDtypeStruct((layout.n_pad, layout.K), X.dtype)
-        out = pallas_call(
-            kernel, interpret=interpret, num_warps=d.num_warps,
-            grid=(d.n_tiles, layout.K // d.block_k),
-            in_specs=[_full_spec(a.shape) for a in inputs],
-            out_specs=_full_spec(out_shape.shape), out_shape=out_shape,
-        )(*inputs)
-        return out[:layout.n, :layout.k]
-
-    return _by_form(form, X, params, precision, run)
+    prob = _Problem(X, params, weighted=False, precision=precision, interpret=interpret,
+                    blocks=blocks, family="density")
+    kernel = functools.partial(_mvn_logpdf_kernel, block_n=prob.block_n, block_k=prob.block_k,
+                               algorithm=prob.algorithm)
+    inputs = (prob.Xp, *prob.coefficients)
+    out_shape = jax.ShapeDtypeStruct((prob.n_pad, prob.K), X.dtype)
+    out = pallas_call(
+        kernel, interpret=interpret, num_warps=prob.num_warps,
+        grid=(prob.n_tiles, prob.n_blocks),
+        in_specs=[_full_spec(a.shape) for a in inputs],
+        out_specs=_full_spec(out_shape.shape), out_shape=out_shape,
+    )(*inputs)
+    return out[:prob.n, :prob.k]
 
 
 def _register_lowering_cases() -> None:
-    """Lowering cases per kernel, form and dtype (n = 100 ragged rows, p = 16, k = 40)."""
+    """Lowering cases per kernel and dtype (n = 100 ragged rows, p = 16, k = 40)."""
     n, p, k = 100, 16, 40
 
     def params_of(dtype):
@@ -577,20 +456,18 @@ def _register_lowering_cases() -> None:
             jax.ShapeDtypeStruct((k, p, p), dtype), jax.ShapeDtypeStruct((k, p, p), dtype),
             "full")
 
-    # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
-    small = dict(block_n=16, block_k=8)
-    cases = {"suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k)}
-    for form in FORMS:
-        cases |= {
-            f"log_prob_{form}": lambda X, prm, _, f=form: log_prob(X, prm, form=f),
-            f"suff_stats_{form}": lambda X, prm, _, f=form: suff_stats(
-                X, prm, precision="tf32x3", form=f),
-            f"suff_stats_small_blocks_{form}": lambda X, prm, _, f=form: suff_stats(
-                X, prm, form=f, density_blocks=small, stats_blocks=small),
-            f"mvn_logpdf_{form}": lambda X, prm, _, f=form: mvn_logpdf(X, prm, form=f),
-            f"sample_labels_with_stats_{form}": lambda X, prm, _, f=form: (
-                sample_labels_with_stats(jax.random.key(0), X, prm, form=f)),
-        }
+    cases = {
+        "log_prob": lambda X, prm, _: log_prob(X, prm),
+        "suff_stats": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
+        "suff_stats_coordinate_moments": lambda X, prm, _: suff_stats(X, prm,
+                                                                      moments="coordinate"),
+        # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
+        "suff_stats_small_blocks": lambda X, prm, _: suff_stats(X, prm, block_n=16, block_k=8),
+        "mvn_logpdf": lambda X, prm, _: mvn_logpdf(X, prm),
+        "sample_labels_with_stats": lambda X, prm, _: sample_labels_with_stats(
+            jax.random.key(0), X, prm),
+        "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
+    }
     for dtype in (jnp.float32, jnp.float64):
         for name, fn in cases.items():
             register_lowering_case(

@@ -1,7 +1,6 @@
 """Mixture kernels (interpret mode on CPU, compiled on a GPU) vs the reference ops."""
 
 import dataclasses
-import functools
 import warnings
 
 import jax
@@ -37,29 +36,27 @@ def kernel_rtol(dtype):
 
 
 # size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32
-# and three feature chunks (128 + 32 + 16). float32 is also covered at k = 256 below and by
-# the label tests. The last column is the density form.
-CASES = [(1, 2, 1, np.float64, "quadratic"), (1, 2, 1, np.float64, "whitened"),
-         (37, 3, 9, np.float64, "whitened"), (37, 3, 9, np.float64, "quadratic"),
-         (50, 17, 9, np.float32, "quadratic"), (50, 17, 9, np.float32, "whitened")]
+# features. float32 is also covered at k = 256 below and by the label tests. The last
+# column picks the second-moment products of the statistics kernels.
+CASES = [(1, 2, 1, np.float64, "quadratic"), (37, 3, 9, np.float64, "coordinate"),
+         (50, 17, 9, np.float32, "quadratic")]
 
 
 class TestMixtureKernels(KernelTests):
     def compiled_kwargs(self):
         return dict(interpret=True) if self.backend == "interpret" else {}
 
-    @pytest.mark.parametrize("n,p,k,dtype,form", CASES)
-    def test_densities_and_suff_stats(self, n, p, k, dtype, form):
+    @pytest.mark.parametrize("n,p,k,dtype,moments", CASES)
+    def test_densities_and_suff_stats(self, n, p, k, dtype, moments):
         X, params, rng = make_case(n, p, k, dtype)
-        kw = dict(self.compiled_kwargs(), form=form)
+        kw = self.compiled_kwargs()
         rtol = kernel_rtol(dtype)
         assert_close(kernels.log_prob(X, params, **kw, **BLOCKS), ref.log_prob(X, params),
                      rtol=rtol, atol=rtol)
         assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS, stats_blocks=STATS_BLOCKS,
-                                 **kw)
+        got = kernels.suff_stats(X, params, w, moments=moments, **kw, **STATS_BLOCKS)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
@@ -72,8 +69,7 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(37, 3, 5, dtype)
         key = jax.random.key(4)
         kw = self.compiled_kwargs()
-        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw,
-                                           density_blocks=BLOCKS, stats_blocks=BLOCKS)
+        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw, **BLOCKS)
         want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
         # identical uniforms: labels agree except within rounding of a CDF boundary
         assert np.mean(np.asarray(labels) == np.asarray(want_labels)) >= (
@@ -87,8 +83,8 @@ class TestMixtureKernels(KernelTests):
         assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
         # the fused draw + statistics: statistics of the labels it drew, counted apart
         fused_labels, _, fused = kernels.sample_labels_with_stats(
-            key, X, params, form="whitened" if dtype == np.float64 else "quadratic",
-            density_blocks=BLOCKS, stats_blocks=STATS_BLOCKS, **kw)
+            key, X, params, moments="coordinate" if dtype == np.float64 else "quadratic",
+            **kw, **STATS_BLOCKS)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
         assert_close(fused.counts, want.counts, rtol=0)
@@ -100,9 +96,9 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(20, 3, 9, np.float64)
         params = dataclasses.replace(params, weights=jnp.zeros(9).at[8].set(1.0))
         key = jax.random.key(1)
-        labels, lp, stats = kernels.sample_labels_with_stats(
-            key, X, params, **self.compiled_kwargs(), density_blocks=BLOCKS,
-            stats_blocks=STATS_BLOCKS)
+        labels, lp, stats = kernels.sample_labels_with_stats(key, X, params,
+                                                             **self.compiled_kwargs(),
+                                                             **STATS_BLOCKS)
         np.testing.assert_array_equal(labels, np.full(20, 8))
         assert_close(lp, ref.mvn_logpdf(X, params)[:, 8], rtol=kernel_rtol(np.float64))
         assert_close(stats.counts, jnp.zeros(9).at[8].set(20.0), rtol=0)
@@ -117,90 +113,18 @@ class TestMixtureKernels(KernelTests):
         # XLA:CPU has no TF32 dot algorithm: "tf32x3" runs only compiled on the GPU
         precisions = ["highest"] + (["tf32x3"] if self.backend == "pallas" else [])
         for precision in precisions:
-            for form in kernels.FORMS:
-                got = kernels.log_prob(X32, params32, precision=precision, form=form,
-                                       block_n=64, block_k=32, **self.compiled_kwargs())
-                err = np.max(np.abs(np.asarray(got, np.float64) - want))
-                assert err < 1e-3, (precision, form, err)
-
-    def test_row_chunks_equal_one_pass(self):
-        """37 rows in chunks of 16 (three chunks, the last ragged): statistics, labels and
-        log p(x) equal the reference's, for both forms."""
-        X, params, rng = make_case(37, 3, 9, np.float64)
-        w = jnp.asarray(rng.uniform(0.1, 2.0, 37))
-        kw = dict(self.compiled_kwargs(), rows_per_chunk=16, density_blocks=BLOCKS,
-                  stats_blocks=STATS_BLOCKS)
-        rtol = kernel_rtol(np.float64)
-        key = jax.random.key(3)
-        want = ref.suff_stats(X, params, w)
-        want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
-        for form in kernels.FORMS:
-            got = kernels.suff_stats(X, params, w, form=form, **kw)
-            assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
-            assert_close(got.loglik, want.loglik, rtol=rtol)
-            labels, lp, stats = kernels.sample_labels_with_stats(key, X, params, form=form, **kw)
-            np.testing.assert_array_equal(labels, want_labels)
-            assert_close(lp, want_lp, rtol=rtol)
-            assert_close(stats.counts, jnp.bincount(want_labels, length=9), rtol=0)
-
-    def test_auto_form_takes_whitened_where_the_quadratic_form_cancels(self):
-        """Tight components far from the centre: the rule predicts > QUADRATIC_MAX_ERROR, the
-        quadratic form really errs by more than 1e-3 and the whitened form does not; "auto"
-        takes the whitened form (on the GPU also at "tf32x3", traced: a lax.cond)."""
-        rng = np.random.default_rng(5)
-        p, k = 16, 8
-        means = rng.normal(size=(k, p)) * 30.0
-        X64 = means[rng.integers(0, k, 48)] + rng.normal(size=(48, p)) * 0.5
-        params64 = MixtureParams.from_covariances(np.full(k, 1.0 / k), means,
-                                                  np.broadcast_to(0.25 * np.eye(p), (k, p, p)))
-        X64, params64 = jnp.asarray(X64), jax.tree.map(jnp.asarray, params64)
-        X32 = X64.astype(jnp.float32)
-        params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
-        want = np.asarray(ref.log_prob(X64, params64))
-        assert float(kernels.quadratic_error_estimate(X32, params32)) > (
-            kernels.QUADRATIC_MAX_ERROR)
-        assert kernels.choose_form(X32, params32, "tf32x3") == "whitened"
-        kw = dict(self.compiled_kwargs(), block_n=16, block_k=8)
-
-        def err(form, precision="highest", jit=False):
-            fn = functools.partial(kernels.log_prob, form=form, precision=precision, **kw)
-            got = (jax.jit(fn) if jit else fn)(X32, params32)
-            return np.max(np.abs(np.asarray(got, np.float64) - want))
-
-        assert err("quadratic") > 1e-3
-        assert err("whitened") < 1e-4
-        assert err("auto") < 1e-4
-        if self.backend == "pallas":  # XLA:CPU has no TF32 dot algorithm
-            assert err("auto", "tf32x3", jit=True) < 1e-4
-
-    def test_auto_form_takes_quadratic_on_centred_data_at_tf32x3(self):
-        """Centred data of moderate spread are under the rule's threshold: "auto" is the
-        quadratic form at "tf32x3" (within 1e-4 of float64 on the GPU), whitened at
-        "highest" and for float64."""
-        X64, params64, _ = make_case(40, 16, 12, np.float64, seed=6)
-        X32 = X64.astype(jnp.float32)
-        params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
-        assert float(kernels.quadratic_error_estimate(X32, params32)) <= (
-            kernels.QUADRATIC_MAX_ERROR)
-        assert kernels.choose_form(X32, params32, "tf32x3") == "quadratic"
-        assert kernels.choose_form(X32, params32, "highest") == "whitened"
-        assert kernels.choose_form(X64, params64, "tf32x3") == "whitened"
-        assert bool(jax.jit(lambda X, prm: kernels.choose_form(X, prm, "tf32x3"))(X32, params32))
-        if self.backend == "pallas":
-            got = jax.jit(functools.partial(kernels.log_prob, precision="tf32x3", block_n=16,
-                                            block_k=8))(X32, params32)
-            assert_close(got, ref.log_prob(X64, params64), rtol=0, atol=1e-4)
+            got = kernels.log_prob(X32, params32, precision=precision, block_n=64, block_k=32,
+                                   **self.compiled_kwargs())
+            err = np.max(np.abs(np.asarray(got, np.float64) - want))
+            assert err < 1e-3, (precision, err)
 
 
 def test_kernel_settings_are_checked():
     X, params, _ = make_case(4, 2, 2, np.float64)
     with pytest.raises(TypeError, match="unknown kernel settings"):
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
-    with pytest.raises(ValueError, match="form"):
-        kernels.suff_stats(X, params, interpret=True, form="cubic")
-    with pytest.raises(ValueError, match="block_k"):
-        kernels.sample_labels(jax.random.key(0), X, params, interpret=True,
-                              density_blocks=dict(block_k=16), stats_blocks=dict(block_k=8))
+    with pytest.raises(ValueError, match="moments"):
+        kernels.suff_stats(X, params, interpret=True, moments="cubic")
 
 
 def sklearn_start(covariance_type, p, k):
