@@ -322,13 +322,15 @@ def _row_derivatives_kernel(offsets_ref, hankel_ref, m_ref, cell_status_ref, jet
 @functools.partial(jax.jit, static_argnames=("interpret", "block_cells", "num_warps"))
 def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, cell_jet_a,
                     cell_jet_b, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w, *,
-                    interpret: bool = False, block_cells: int = 4, num_warps: int = 2):
+                    interpret: bool = False, block_cells: int = 4, num_warps: int | None = None):
     """Kernel twin of :func:`gpustat.reference.bms.row_derivatives` (one row per program).
 
     Defaults: the fastest of the configurations swept on an H100 at n = 195k, r = 20,
     23 cells per row (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl), in both runs:
     7.79 ms (07c5f51; 4 warps 8.75, block_cells = 8 10.2) and 8.25 ms (69cc513; 1 warp
-    8.34, block_cells = 8 with 2 warps 9.23).
+    8.34, block_cells = 8 with 2 warps 9.23): 2 warps. For r > 32 (64-row tiles, not
+    timed) 4 warps: 0.4 KB of register spills in an offline sm_90 compile against 1.8 KB
+    at 2 warps.
 
     Two per-item passes run in XLA around the kernel, each a few bytes per cell or row:
     the Hankel entries T_0..T_6 of every cell, and the probit factors of every row
@@ -337,6 +339,8 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
     """
     dtype = compute_dtype(mu_1.dtype)
     n, r = rho.shape
+    if num_warps is None:
+        num_warps = 2 if _dot_width(r) <= 32 else 4
     c, m = cell_c.astype(dtype), cell_moments.astype(dtype)
     hankel = KAPPA * sum(c[:, e, None] * m[:, e:e + 7] for e in range(4))      # T_0..T_6
     hankel = jnp.pad(hankel, ((0, 0), (0, 1)))

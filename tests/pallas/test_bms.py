@@ -122,6 +122,16 @@ class TestBmsKernels(KernelTests):
         assert np.array_equal(hess, np.swapaxes(hess, 1, 2), equal_nan=True)
 
     @pytest.mark.slow
+    def test_row_derivatives_wide_rows(self):
+        # r = 42 > 32: 64-row tiles (and the 4-warp default for them)
+        args = _synthetic_rows(np.random.default_rng(7), [5, 1, 0, 6], 20, 20)
+        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
+        expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
+        for got, want in zip(out[:3], expected[:3]):
+            assert_close(got, want, rtol=tol(np.float64, "kernel"), atol=1e-15)
+        assert list(np.asarray(out[3])) == list(np.asarray(expected[3])) == [0, 0, 1, 3]
+
+    @pytest.mark.slow
     def test_row_derivatives_float32(self):
         args = _synthetic_rows(np.random.default_rng(1), [1, 2, 5], 1, 2, dtype=np.float32)
         out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
