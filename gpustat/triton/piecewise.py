@@ -59,10 +59,11 @@ __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
            "staging_supported", "uniform_rows"]
 
 # Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points).
-# Shared-memory kernel: the fastest settings of the H100 sweeps in
+# Shared-memory kernel: the H100 sweeps in
 # benchmarks/results/nvidia-h100-80gb-hbm3/triton.jsonl (P = 256, D = 3; run-to-run
-# spread 10-20%). Streaming (2^26 points, guided lookup): float32 0.272 ms searched,
-# 0.255 uniform; float64 0.539 / 0.464. 2e6 points searched: 0.0386 ms (commit 0eca8aa).
+# spread 10-20%). Streaming (2^26 points, guided lookup; commit b638935): float32 0.272
+# ms searched, 0.274 uniform; float64 0.571 / 0.473 (0.539 / 0.464 in a probe of the
+# same code). 2e6 points: 0.0386 ms searched at commit 0eca8aa, 0.058 at b638935.
 _STAGED_LAUNCH = {
     (4, True): (4096, 8, 1),
     (4, False): (2048, 8, 8),
