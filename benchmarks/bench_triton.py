@@ -50,13 +50,13 @@ NUM_PIECES, DEGREE = 256, 3
 # through L1; "floor" is the shared kernel on a single cubic piece (no search, every
 # gather a broadcast): the cost of streaming x and y plus Horner in that structure.
 PPOLY_VARIANTS = {  # by table itemsize
-    4: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 4, 1, False),
-        ("shared", 2048, 8, 4, True), ("shared", 2048, 8, 8, True),
-        ("shared", 2048, 8, 8, False), ("cache", 2048, 4, None, False),
+    4: [None, ("shared", 4096, 8, 1, False), ("shared", 4096, 16, 1, True),
+        ("shared", 2048, 16, 1, True), ("shared", 4096, 32, 1, True),
+        ("shared", 2048, 8, 4, True), ("shared", 2048, 8, 8, False),
         ("floor", 4096, 8, 1, False)],
-    8: [None, ("shared", 4096, 8, 1, False), ("shared", 1024, 8, 8, True),
-        ("shared", 1024, 8, 8, False), ("shared", 2048, 8, 4, True),
-        ("cache", 512, 4, None, False), ("floor", 4096, 8, 1, False)],
+    8: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 16, 1, True),
+        ("shared", 4096, 32, 1, True), ("shared", 2048, 8, 1, True),
+        ("shared", 1024, 8, 8, True), ("floor", 4096, 8, 1, False)],
 }
 # FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
 FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
