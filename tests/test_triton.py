@@ -131,7 +131,8 @@ def test_auto_takes_the_benchmark_winner_only_for_auto_on_pallas(monkeypatch):
     assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "triton"
     assert gtriton.auto_path("pallas", "pallas", "piecewise", shape_class) == "pallas"
     assert gtriton.auto_path("reference", "auto", "piecewise", shape_class) == "reference"
-    other = gtriton.piecewise_shape_class(True, jnp.float32, 1 << 26)
+    other = gtriton.piecewise_shape_class(True, jnp.float32, 2_000_000)
+    assert ("piecewise", other) not in gtriton.AUTO_WINNERS
     assert gtriton.auto_path("pallas", "auto", "piecewise", other) == "pallas"
     monkeypatch.setattr(gtriton, "triton_installed", lambda: False)
     assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "pallas"

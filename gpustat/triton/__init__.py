@@ -49,6 +49,9 @@ AUTO_WINNERS: dict[tuple[str, str], str] = {
     ("piecewise", "search/bfloat16/streaming"): "triton",  # table: 0.120 (Pallas kernel 0.299)
     ("piecewise", "uniform/bfloat16/streaming"): "triton",  # table: 0.117 (Pallas kernel 0.262)
     ("piecewise", "search/float64/streaming"): "triton",  # 9.21 / 0.775 / 0.571
+    # uniform float32: 0.482 / 0.299 / 0.274 (a tie) at b638935; 0.485 / 0.302 / 0.261
+    # in the sweep of commit a57f9e1, same file
+    ("piecewise", "uniform/float32/streaming"): "triton",
     ("piecewise", "uniform/float64/streaming"): "triton",  # 0.790 / 0.704 / 0.473
     ("factorization", "ffm/float64"): "triton",  # 0.977 vs 1.276 ms, 2^18 rows
 }
