@@ -153,7 +153,6 @@ def guide_tables(breakpoints) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return None
 
 
-
 def _column(rows, cols, k):
     """Column k of a (block, width) block of rows, kept in registers."""
     return jnp.sum(jnp.where(cols[None, :] == k, rows, 0), axis=1)

@@ -107,11 +107,12 @@ def _finish(y, u, x, lo, hi, MODE: tl.constexpr):
 
 
 @triton.jit
-def _uniform_guess(x, lo, scale, NUM_PIECES: tl.constexpr):
-    """floor((x - lo) * P / (hi - lo)) clipped to [0, P - 1] (0 for NaN x): the piece of
-    x on uniform breakpoints, up to one step off by rounding."""
+def _grid_cell(x, lo, scale, CELLS: tl.constexpr):
+    """floor((x - lo) * scale) clipped to [0, CELLS - 1] (0 for NaN x): the cell of x on
+    an equal grid, e.g. its piece on uniform breakpoints (scale = P / (x_P - x_0), up
+    to one step off by rounding) or its guide bucket."""
     t = tl.floor((x - lo) * scale)
-    t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), NUM_PIECES - 1.0), 0.0)
+    t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), CELLS - 1.0), 0.0)
     return t.to(tl.int32)
 
 
@@ -135,7 +136,7 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
     if UNIFORM:
         # rows hold [coefficients, 0..., x_i, x_{i+1}]: one gather gives the piece's
         # coefficients and both neighbouring breakpoints for the exactness check
-        guess = _uniform_guess(x, lo, tl.load(params_ptr + 2), NUM_PIECES)
+        guess = _grid_cell(x, lo, tl.load(params_ptr + 2), NUM_PIECES)
         rows = tl.load(rows_ptr + (guess * WIDTH)[:, None] + cols[None, :],
                        eviction_policy="evict_last")
         left = tl.sum(tl.where(cols[None, :] == WIDTH - 2, rows, 0), axis=1)
@@ -242,9 +243,7 @@ def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: t
     for none, which compares false) can lie on either side of the points of a
     bucket: piece = first + (x >= split).
     """
-    t = tl.floor((x - lo) * bucket_scale)
-    t = tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), BUCKETS - 1.0), 0.0)
-    bucket = t.to(tl.int32)
+    bucket = _grid_cell(x, lo, bucket_scale, BUCKETS)
     first = tl.gather(buckets[0], bucket, 0)
     if PAIRED:
         word = tl.gather(buckets[1], bucket, 0)
@@ -303,7 +302,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, bucket_piec
         if BUCKETS > 0:
             index, knot = _guided_piece(buckets, x, lo, bucket_scale, BUCKETS, PAIRED)
         elif UNIFORM:
-            guess = _uniform_guess(x, lo, scale, NUM_PIECES)
+            guess = _grid_cell(x, lo, scale, NUM_PIECES)
             up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
             down = (guess > 0) & (x < tl.gather(keys, guess, 0))
             index = guess + up.to(tl.int32) - down.to(tl.int32)
