@@ -44,8 +44,10 @@ from gpustat.reference.bms import (
     CellStatus,
     RowStatus,
     gauss_legendre,
+    hankel_entries,
+    probit_factors,
 )
-from gpustat.reference.numerics import log_ndtr_and_mills, ndtr, probit_curvature
+from gpustat.reference.numerics import ndtr
 
 __all__ = ["cell_moments", "joint_dense", "joint_diagonal", "joint_hvp", "row_derivatives"]
 
@@ -342,13 +344,8 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
     if num_warps is None:
         num_warps = 2 if _dot_width(r) <= 32 else 4
     c, m = cell_c.astype(dtype), cell_moments.astype(dtype)
-    hankel = KAPPA * sum(c[:, e, None] * m[:, e:e + 7] for e in range(4))      # T_0..T_6
-    hankel = jnp.pad(hankel, ((0, 0), (0, 1)))
-    sign = 2.0 * y.astype(dtype) - 1.0
-    w = w.astype(dtype)
-    margin = sign * e_obs.astype(dtype)
-    log_cdf, mills = log_ndtr_and_mills(margin)
-    probit = (-w * log_cdf, -w * sign * mills, w * probit_curvature(margin))
+    hankel = jnp.pad(hankel_entries(c, m), ((0, 0), (0, 1)))      # T_0..T_6, padded to 8
+    probit = probit_factors(e_obs.astype(dtype), y.astype(dtype), w.astype(dtype))
     rows = [x.astype(dtype) for x in (mu_1, mu_2, chi, xi, rho, tau, r_uv)]
     kernel = functools.partial(_row_derivatives_kernel, r=r, block_cells=block_cells)
     return tuple(pallas_call(

@@ -45,10 +45,12 @@ __all__ = [
     "cell_moments",
     "finalize_row",
     "gauss_legendre",
+    "hankel_entries",
     "joint_dense",
     "joint_diagonal",
     "joint_gradient",
     "joint_hvp",
+    "probit_factors",
     "row_derivatives",
     "second_jet_functionals",
 ]
@@ -205,6 +207,21 @@ def second_jet_functionals(d_a, d_b):
     return u.at[1, 1:].set(d_b).at[1:, 1].set(d_b)
 
 
+def hankel_entries(c, m):
+    """T_0..T_6 of a cell, T_n = κ Σ_e C_e m_{e+n}, along the last axis
+    (``c`` (..., 4), ``m`` (..., K+1)): the entries of its Hankel matrix M_pq = T_{p+q}."""
+    return KAPPA * sum(c[..., e, None] * m[..., e:e + 7] for e in range(4))
+
+
+def probit_factors(e_obs, y, w):
+    """(-w log Φ(s e), -w s λ(s e), w C(s e)) at s = 2y - 1, elementwise: a row's negative
+    log-likelihood and its first and second derivatives in the observed η."""
+    sign = 2.0 * y - 1.0
+    margin = sign * e_obs
+    log_cdf, mills = log_ndtr_and_mills(margin)
+    return -w * log_cdf, -w * sign * mills, w * probit_curvature(margin)
+
+
 def cell_functionals(c, m, jet, jet_a, jet_b):
     """First- and second-derivative functionals of one cell (slot 0 = a, u = θ_u).
 
@@ -214,8 +231,7 @@ def cell_functionals(c, m, jet, jet_a, jet_b):
         first[u]     = D(E_u)                  = κ Σ_k E_uk m_k
         second[u, v] = H(E_u, E_v, U_uv)       = D(U_uv) - Σ_pq E_up E_vq T_{p+q}
     """
-    t = KAPPA * jnp.stack([c @ m[n:n + 4] for n in range(7)])
-    hankel = t[jnp.arange(4)[:, None] + jnp.arange(4)[None, :]]
+    hankel = hankel_entries(c, m)[jnp.arange(4)[:, None] + jnp.arange(4)[None, :]]
     km = KAPPA * m[:4]
     first = jet @ km
     second = second_jet_functionals(jet_a @ km, jet_b @ km) - jet @ hankel @ jet.T
@@ -243,12 +259,7 @@ def finalize_row(first, second, mu_1, mu_2, e_obs, chi, xi, rho, tau, r_uv, y, w
     e_u = chi * a_u + rho
     e_uv = (chi * a_uv + xi * jnp.outer(a_u, a_u) + jnp.outer(tau, a_u) + jnp.outer(a_u, tau)
             + r_uv)
-    sign = 2.0 * y - 1.0
-    log_cdf, mills = log_ndtr_and_mills(sign * e_obs)
-    curvature = probit_curvature(sign * e_obs)
-    d_e = -w * sign * mills
-    d_ee = w * curvature
-    neglog = -w * log_cdf
+    neglog, d_e, d_ee = probit_factors(e_obs, y, w)
     grad = d_e * e_u
     hess = d_ee * jnp.outer(e_u, e_u) + d_e * e_uv
     hess = jnp.triu(hess) + jnp.triu(hess, 1).T  # bitwise symmetric
