@@ -11,33 +11,37 @@ x W_d against the stacked columns W_d[:, j] = U_j[:, d] of a component block, su
 m_d and accumulate the square: p products per tile and no n x k x p intermediate. The
 squares are of centred whitened coordinates, so float32 keeps ~1e-5 absolute accuracy
 where the expanded quadratic x^T Lambda x - 2 mu^T Lambda x + mu^T Lambda mu cancels
-(the public ops and the drivers pass centred X; the products themselves still cancel
-like |x| |U| eps, small once X is centred).
+(the public ops and the drivers pass centred X). The quadratic-feature form was measured
+slower at both precisions and less accurate (``docs/mixture.md``).
 
-Features are padded to P = max(16, next_pow2(p)) (Triton tensors are powers of two;
-float64 dots need a contraction >= 16), components to a multiple of ``block_k`` (padded
-components get c = -inf and zero probability), rows to a multiple of ``block_n`` (zero
-weight). Every kernel runs on grid (component block, row group): program (kb, g) walks
-``tiles_per_program`` row tiles with its component block's W (p x P x block_k) reused
-from L1, and writes one partial per (block, group), combined by XLA. Nothing of size
-n x k is written except by :func:`mvn_logpdf`.
+Passes. Rows are processed in chunks of ``rows_per_chunk`` (memory O(chunk x k), so
+n = 1e8 fits). Per chunk the *density pass* (``_density_kernel``) computes each
+(block_n, block_k) tile of logits once, writes the per-block log-sum-exp (combined by XLA
+into log p(x)) and, for the statistics and the draws, the logits themselves; the
+*statistics pass* reads them back (one write and one read of 4 k bytes per row instead of
+recomputing the densities: measured 1.3-1.6x faster per EM iteration on an H100) and
+accumulates N, x^T r and the second moments in registers, its products contracting the
+row axis of X^T (no in-register transposes). ``moments`` picks the second-moment
+products: "full", one (P^2, block_n) x (block_n, block_k) product of vec(x x^T);
+"packed", the symmetric halves only: rows a < P/2 against every b, then a, b >= P/2
+((P/2) P + (P/2)^2 = 3/4 of the rows), the rest mirrored by XLA.
 
-Kernels:
+Layout: features padded to P = max(16, next_pow2(p)) (Triton tensors are powers of two;
+float64 dots need a contraction >= 16), components to a multiple of both passes'
+``block_k`` (padded components get c = -inf and zero probability), rows to a multiple of
+both ``block_n`` (zero weight). Every kernel runs on grid (component block, row group):
+program (kb, g) walks ``tiles_per_program`` row tiles and writes one partial per
+(block, group).
 
-* ``_block_lse_kernel``: log sum_{j in block} exp(logit_ij) per row -> (blocks, n);
-  XLA's logsumexp over blocks gives log p(x).
-* ``_suff_stats_kernel``: recomputes the block's logits, r = w exp(logit - log p(x)), and
-  accumulates N, sum r x and sum r x x^T (one (block_k, P) product per coordinate d,
-  r x_d against x) in registers over the row group.
-* ``_sample_stats_kernel``: the same with r the one-hot of an inverse-CDF draw: the
-  block where row i's uniform lands is known from the block masses of the lse pass, the
-  draw inside it is a cumulative sum over the block (one uniform per row).
-* ``_label_stats_kernel``: the statistics of given labels (one-hot r).
-* ``_mvn_logpdf_kernel``: one (block_n, block_k) tile of log-densities.
+Kernels: ``_density_kernel`` (block lse, optionally the logits), ``_suff_stats_kernel``
+(r = w exp(logit - log p(x))), ``_sample_stats_kernel`` (r = one-hot of an inverse-CDF
+draw inside the component block where the row's uniform lands, known from the block
+masses), ``_label_stats_kernel`` (one-hot of given labels), ``_mvn_logpdf_kernel``.
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
-float64 dots are native float64.
+float64 dots are native float64. Block settings default per precision
+(:data:`DEFAULT_BLOCKS`; float64 takes the "highest" ones).
 """
 
 from __future__ import annotations
@@ -55,35 +59,46 @@ from gpustat.mixture_params import (
     full_precision_cholesky,
     log_det_precision_cholesky,
 )
-from gpustat.pallas._common import next_pow2, pad_axis, pallas_call, register_lowering_case
+from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
 
 __all__ = [
+    "DEFAULT_BLOCKS",
     "MAX_FEATURES",
+    "MOMENTS",
     "PRECISIONS",
     "log_prob",
     "mvn_logpdf",
-    "responsibility_stats",
     "sample_labels",
     "sample_labels_with_stats",
     "suff_stats",
     "suff_stats_from_labels",
 ]
 
-MAX_FEATURES = 32  # p products of (block_n, P) x (P, block_k) per tile; P^2 x block_k accumulators
+MAX_FEATURES = 32  # P^2 x block_k second-moment accumulators per program
 PRECISIONS = {
     "highest": jax.lax.DotAlgorithmPreset.F32_F32_F32,
     "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
 }
-# Kernel settings per family: "density" (the log p(x) pass, mvn_logpdf) and "stats" (the
-# statistics passes; sampling uses them for its lse pass too, whose blocks it shares).
-# density: the fastest of four settings timed on an H100 (4.4 ms for the pass at n = 1e6,
-# p = 16, k = 256, "tf32x3"). stats: not timed since its rewrite; of the settings compiled
-# offline for sm_90 (triton 3.6, ptxas resource report) the one with no register spills
-# (255 registers, 0 bytes of stack; 64-row tiles at 4 or 8 warps spill 2 KB).
+MOMENTS = ("full", "packed")
+ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
+# Kernel settings per precision of the density pass and of the statistics passes (float64
+# takes "highest"). Sampling regroups the density pass's block lse into the statistics
+# pass's blocks, so its block_k must divide theirs.
 DEFAULT_BLOCKS = {
-    "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
-    "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 8,
-              "moments": "quadratic"},
+    # "tf32x3": the fastest of the settings swept on an H100 (commit 65a43b1: density
+    # 4.31 ms, statistics 4.57 ms at n = 1e6, p = 16, k = 256)
+    "tf32x3": {
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
+        "stats": {"block_n": 64, "block_k": 64, "tiles_per_program": 64, "num_warps": 8,
+                  "moments": "full"},
+    },
+    # "highest": IEEE fp32 dots keep their operands in registers, so 32-row statistics
+    # tiles (the setting measured with the recomputing kernels, commit dcc904f)
+    "highest": {
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
+        "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 128, "num_warps": 8,
+                  "moments": "full"},
+    },
 }
 
 
@@ -97,8 +112,9 @@ def _dot_algorithm(dtype, precision: str):
     return None if jnp.dtype(dtype) == jnp.float64 else PRECISIONS[precision]
 
 
-def _whitening(params: MixtureParams, P: int, K: int, *, weighted: bool = True):
-    """(W (p, P, K), m (p, K), c (K,)): W[d, :, j] = U_j[:, d], m[d, j] = mu_j^T U_j[:, d]."""
+def _whitening(params: MixtureParams, P: int, K: int, weighted: bool):
+    """(W (p, P, K), m (p, K), c (K,)): W[d, :, j] = U_j[:, d], m[d, j] = mu_j^T U_j[:, d],
+    c_j = [log w_j] + log det U_j - p/2 log 2 pi (-inf on padded components)."""
     k, p = params.means.shape
     chol = full_precision_cholesky(params)
     shift = jnp.einsum("ka,kad->kd", params.means, chol, precision=jax.lax.Precision.HIGHEST)
@@ -107,17 +123,24 @@ def _whitening(params: MixtureParams, P: int, K: int, *, weighted: bool = True):
         c = c + jnp.log(params.weights)
     W = jnp.pad(jnp.transpose(chol, (2, 1, 0)), ((0, 0), (0, P - p), (0, K - k)))
     m = jnp.pad(shift.T, ((0, 0), (0, K - k)))
-    c = jnp.pad(c, (0, K - k), constant_values=-jnp.inf)
-    return W, m, c
+    return W, m, jnp.pad(c, (0, K - k), constant_values=-jnp.inf)
 
 
-def _block_logits(x, W_ref, m_ref, c_ref, kb, block_k, algorithm):
+# ---------------------------------------------------------------------------------------
+# Kernel bodies.
+
+
+def _dot(a, b, algorithm):
+    return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
+
+
+def _block_logits(x, coef_refs, kb, block_k, algorithm):
     """(block_n, block_k) logits of component block kb for the row tile x (block_n, P)."""
+    W_ref, m_ref, c_ref = coef_refs
     cols = pl.ds(kb * block_k, block_k)
     sq = None
     for d in range(W_ref.shape[0]):  # static: one product per whitened coordinate
-        z = jnp.dot(x, W_ref[d, :, cols], precision=algorithm,
-                    preferred_element_type=x.dtype) - m_ref[d, cols][None, :]
+        z = _dot(x, W_ref[d, :, cols], algorithm) - m_ref[d, cols][None, :]
         sq = z * z if sq is None else sq + z * z
     return c_ref[cols][None, :] - 0.5 * sq
 
@@ -134,146 +157,133 @@ def _tile_loop(body, init, *, tiles_per_program, n_tiles):
     return jax.lax.fori_loop(first, jnp.minimum(first + tiles_per_program, n_tiles), body, init)
 
 
-def _block_lse_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k,
-                      tiles_per_program, n_tiles, algorithm):
+def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_program, n_tiles,
+                    algorithm):
+    coef_refs, (lse_ref, *logits_ref) = refs[:3], refs[3:]
     kb = pl.program_id(0)
 
     def body(t, carry):
         rows = pl.ds(t * block_n, block_n)
-        logits = _block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
+        logits = _block_logits(x_ref[rows, :], coef_refs, kb, block_k, algorithm)
+        if store_logits:
+            logits_ref[0][rows, pl.ds(kb * block_k, block_k)] = logits
         top = _safe_max(logits)
-        out_ref[kb, rows] = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=1))
+        lse_ref[kb, rows] = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=1))
         return carry
 
     _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
 
 
-def _stats_init(block_k, P, p, moments, dtype):
-    if moments == "coordinate":
-        s2 = tuple(jnp.zeros((P, block_k), dtype) for _ in range(p))
-    else:
-        s2 = jnp.zeros((P * P, block_k), dtype)
-    return jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype), s2
+def _second_moment_rows(xt_ref, rows, moments):
+    """The left operands of the second-moment products of one row tile (rows contract):
+    "full": [vec(x x^T)] (P^2, block_n), row a P + b = x_a x_b; "packed": [x_a x_b for
+    a < P/2, all b] ((P/2) P, block_n) and [x_a x_b for a, b >= P/2] ((P/2)^2, block_n)."""
+    P = xt_ref.shape[0]
+    xt = xt_ref[:, rows]
+    block_n = xt.shape[1]
+    if moments == "full":
+        return ((xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n),)
+    half = P // 2
+    top = xt_ref[pl.ds(0, half), rows]
+    bottom = xt_ref[pl.ds(half, half), rows]
+    return ((top[:, None, :] * xt[None, :, :]).reshape(half * P, block_n),
+            (bottom[:, None, :] * bottom[None, :, :]).reshape(half * half, block_n))
 
 
-def _add_stats(acc, xt_ref, rows, r, moments, algorithm):
-    """N += sum r, S1 += x^T r, S2 += (x x^T)^T r over one row tile (register accumulators).
+def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, moments, block_n,
+               block_k, tiles_per_program, n_tiles, algorithm):
+    """N += sum r, S1 += x^T r, S2 += (second-moment rows) r of ``responsibilities_fn(rows)``
+    (block_n, block_k) over this program's row tiles, in registers; then store the partials.
 
     Rows are the contraction axis of every product, so the tile is read transposed
-    (xt (P, block_n), from X^T) and r (block_n, block_k) is the right operand as it
-    stands: no in-register transposes. ``moments`` picks the S2 products: "quadratic",
-    one (P*P, block_n) x (block_n, block_k) product of q = vec(x x^T); "coordinate",
-    p products (x * x_d)^T r of (P, block_n) x (block_n, block_k).
+    (xt (P, block_n), from X^T) and r is the right operand as it stands.
     """
-    counts, s1, s2 = acc
-    xt = xt_ref[:, rows]
+    P = xt_ref.shape[0]
+    dtype = xt_ref.dtype
 
-    def dot(a, b):
-        return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
+    def body(t, acc):
+        counts, s1, s2 = acc
+        rows = pl.ds(t * block_n, block_n)
+        r = responsibilities_fn(rows)
+        s2 = tuple(s + _dot(q, r, algorithm)
+                   for s, q in zip(s2, _second_moment_rows(xt_ref, rows, moments)))
+        return counts + jnp.sum(r, axis=0), s1 + _dot(xt_ref[:, rows], r, algorithm), s2
 
-    if moments == "coordinate":
-        s2 = tuple(s2_d + dot(xt * xt_ref[d, rows][None, :], r) for d, s2_d in enumerate(s2))
-    else:
-        P, block_n = xt.shape
-        s2 = s2 + dot((xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n), r)
-    return counts + jnp.sum(r, axis=0), s1 + dot(xt, r), s2
-
-
-def _store_stats(acc, counts_ref, s1_ref, s2_ref, block_k):
-    """This program's partials; S2 rows a * P + b (a < p for "coordinate") hold sum r x_a x_b."""
+    s2_rows = (P * P,) if moments == "full" else (P * P // 2, P * P // 4)
+    init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
+            tuple(jnp.zeros((m, block_k), dtype) for m in s2_rows))
+    counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
+                                n_tiles=n_tiles)
     kb, g = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(kb * block_k, block_k)
-    counts, s1, s2 = acc
     counts_ref[g, cols] = counts
     s1_ref[g, :, cols] = s1
-    if isinstance(s2, tuple):
-        P = s1.shape[0]
-        for d, s2_d in enumerate(s2):
-            s2_ref[g, pl.ds(d * P, P), cols] = s2_d
-    else:
-        s2_ref[g, :, cols] = s2
+    offset = 0
+    for s in s2:
+        s2_ref[g, pl.ds(offset, s.shape[0]), cols] = s
+        offset += s.shape[0]
 
 
-def _run_stats(xt_ref, responsibilities_fn, outs, *, p, block_n, block_k, tiles_per_program,
-               n_tiles, moments, algorithm):
-    """Accumulate the statistics of ``responsibilities_fn(rows)`` over this program's tiles."""
-    def body(t, acc):
-        rows = pl.ds(t * block_n, block_n)
-        return _add_stats(acc, xt_ref, rows, responsibilities_fn(rows), moments, algorithm)
-
-    acc = _tile_loop(body, _stats_init(block_k, xt_ref.shape[0], p, moments, xt_ref.dtype),
-                     tiles_per_program=tiles_per_program, n_tiles=n_tiles)
-    _store_stats(acc, *outs, block_k)
-
-
-def _suff_stats_kernel(x_ref, xt_ref, w_ref, lse_ref, W_ref, m_ref, c_ref, *outs, block_n,
-                       block_k, algorithm, **loop):
-    kb = pl.program_id(0)
+def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loop):
+    cols = pl.ds(pl.program_id(0) * block_k, block_k)
 
     def responsibilities(rows):
-        logits = _block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
-        return jnp.exp(logits - lse_ref[rows][:, None]) * w_ref[rows][:, None]
+        return jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None]) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
-               block_k=block_k, algorithm=algorithm, **loop)
+    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
-def _sample_stats_kernel(x_ref, xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, W_ref,
-                         m_ref, c_ref, label_ref, *outs, block_n, block_k, n_components,
-                         algorithm, **loop):
+def _sample_stats_kernel(xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, logits_ref,
+                         label_ref, *outs, block_k, n_components, **loop):
     kb = pl.program_id(0)
+    cols = pl.ds(kb * block_k, block_k)
     component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
     def responsibilities(rows):
-        prob = jnp.exp(_block_logits(x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k,
-                                     algorithm) - lse_ref[rows][:, None])
+        prob = jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None])
         # inverse CDF inside the block: components whose cumulative probability is <= u
         cdf = start_ref[kb, rows][:, None] + jnp.cumsum(prob, axis=1)
         below = jnp.sum(cdf <= u_ref[rows][:, None], axis=1, dtype=jnp.int32)
         label = jnp.minimum(kb * block_k + jnp.minimum(below, block_k - 1), n_components - 1)
-        mine = landing_ref[rows] == kb  # u_i lands in this block (from the lse pass)
+        mine = landing_ref[rows] == kb  # u_i lands in this block (from the block masses)
         label_ref[kb, rows] = jnp.where(mine, label, 0)
         onehot = (label[:, None] == component) & mine[:, None]
         return onehot.astype(prob.dtype) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, outs, p=W_ref.shape[0], block_n=block_n,
-               block_k=block_k, algorithm=algorithm, **loop)
+    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
-def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, p, block_n, block_k, algorithm,
-                        **loop):
-    kb = pl.program_id(0)
-    component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, block_k, **loop):
+    component = pl.program_id(0) * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
     def responsibilities(rows):
         onehot = label_ref[rows][:, None] == component
         return onehot.astype(xt_ref.dtype) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, outs, p=p, block_n=block_n, block_k=block_k,
-               algorithm=algorithm, **loop)
+    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
-def _mvn_logpdf_kernel(x_ref, W_ref, m_ref, c_ref, out_ref, *, block_n, block_k, algorithm):
+def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm):
+    coef_refs, out_ref = refs[:3], refs[3]
     rows = pl.ds(pl.program_id(0) * block_n, block_n)
     kb = pl.program_id(1)
     out_ref[rows, pl.ds(kb * block_k, block_k)] = _block_logits(
-        x_ref[rows, :], W_ref, m_ref, c_ref, kb, block_k, algorithm)
+        x_ref[rows, :], coef_refs, kb, block_k, algorithm)
 
 
 # ---------------------------------------------------------------------------------------
 # Wrappers: same signatures as gpustat.reference.mixture (plus kernel settings).
 
 
-def _settings(blocks: dict, family: str) -> dict:
-    """DEFAULT_BLOCKS[family] updated with the caller's non-None settings."""
-    defaults = DEFAULT_BLOCKS[family]
+def _settings(defaults: dict, blocks: dict | None) -> dict:
+    """``defaults`` updated with the caller's non-None settings."""
+    blocks = blocks or {}
     unknown = set(blocks) - set(defaults)
     if unknown:
         raise TypeError(f"unknown kernel settings {sorted(unknown)}; known: {list(defaults)}")
     settings = {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
-    if settings.get("moments", "quadratic") not in ("quadratic", "coordinate"):
-        raise ValueError("moments must be 'quadratic' or 'coordinate', got "
-                         f"{settings['moments']!r}")
+    if settings.get("moments", "full") not in MOMENTS:
+        raise ValueError(f"moments must be one of {MOMENTS}, got {settings['moments']!r}")
     return settings
 
 
@@ -281,173 +291,237 @@ def _full_spec(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-class _Layout:
-    """Padded rows (X and X^T) and the grid of one kernel family; see the module docstring."""
+class _Pass:
+    """Block settings and grid of one pass over n_pad rows and K components."""
 
-    def __init__(self, X, n_components, *, precision, interpret, blocks, family="stats"):
-        s = _settings(blocks, family)
-        self.block_n, self.block_k = s["block_n"], s["block_k"]
-        self.tiles = s["tiles_per_program"]
-        self.num_warps, self.moments = s["num_warps"], s.get("moments")
-        self.n, self.p = X.shape
-        self.k = n_components
-        self.P = padded_features(self.p)
-        self.K = -(-n_components // self.block_k) * self.block_k
-        self.Xp = pad_axis(jnp.pad(X, ((0, 0), (0, self.P - self.p))), 0, self.block_n)
-        self.n_pad = self.Xp.shape[0]
-        self.n_tiles = self.n_pad // self.block_n
-        self.n_blocks = self.K // self.block_k
-        self.groups = -(-self.n_tiles // self.tiles)
-        self.algorithm = _dot_algorithm(X.dtype, precision)
-        self.interpret = interpret
+    def __init__(self, settings: dict, n_pad: int, K: int):
+        self.block_n, self.block_k = settings["block_n"], settings["block_k"]
+        self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
+        self.static = {"moments": settings["moments"]} if "moments" in settings else {}
+        self.n_tiles = n_pad // self.block_n
+        self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
 
-    def pad_rows(self, a):
-        return jnp.pad(a, (0, self.n_pad - a.shape[0]))
-
-    def call(self, kernel, inputs, out_shape, *, stats=False, **static):
-        """Launch on grid (component blocks, row groups) with whole-array refs."""
-        if stats:
-            static.update(moments=self.moments)
-        kernel = functools.partial(kernel, tiles_per_program=self.tiles, n_tiles=self.n_tiles,
-                                   block_n=self.block_n, block_k=self.block_k,
-                                   algorithm=self.algorithm, **static)
+    def call(self, kernel, inputs, out_shape, *, interpret, **static):
+        kernel = functools.partial(kernel, block_n=self.block_n, block_k=self.block_k,
+                                   tiles_per_program=self.tiles, n_tiles=self.n_tiles,
+                                   **self.static, **static)
         return pallas_call(
-            kernel, interpret=self.interpret, num_warps=self.num_warps,
-            grid=(self.n_blocks, self.groups),
+            kernel, interpret=interpret, num_warps=self.num_warps, grid=self.grid,
             in_specs=[_full_spec(a.shape) for a in inputs],
             out_specs=[_full_spec(s.shape) for s in out_shape], out_shape=out_shape,
         )(*inputs)
 
-    def stats_shapes(self):
-        dtype = self.Xp.dtype
-        return [jax.ShapeDtypeStruct((self.groups, self.K), dtype),
-                jax.ShapeDtypeStruct((self.groups, self.P, self.K), dtype),
-                jax.ShapeDtypeStruct((self.groups, self.P * self.P, self.K), dtype)]
+
+class _Layout:
+    """Padding shared by the density and statistics passes of one row chunk (n rows)."""
+
+    def __init__(self, n, p, n_components, dtype, *, precision, interpret,
+                 density_blocks=None, stats_blocks=None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+        defaults = DEFAULT_BLOCKS["highest" if jnp.dtype(dtype) == jnp.float64 else precision]
+        density = _settings(defaults["density"], density_blocks)
+        stats = _settings(defaults["stats"], stats_blocks)
+        self.n, self.p, self.k = n, p, n_components
+        self.P = padded_features(p)
+        row_multiple = max(density["block_n"], stats["block_n"])
+        col_multiple = max(density["block_k"], stats["block_k"])
+        self.n_pad = -(-n // row_multiple) * row_multiple
+        self.K = -(-n_components // col_multiple) * col_multiple
+        self.density = _Pass(density, self.n_pad, self.K)
+        self.stats = _Pass(stats, self.n_pad, self.K)
+        self.packed = stats["moments"] == "packed"
+        self.algorithm = _dot_algorithm(dtype, precision)
+        self.interpret = interpret
+        self.dtype = dtype
+
+    def pad_rows(self, a):
+        return jnp.pad(a, [(0, self.n_pad - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+    def padded_x(self, X):
+        return self.pad_rows(jnp.pad(X, ((0, 0), (0, self.P - self.p))))
+
+    def coefficients(self, params, weighted=True):
+        return _whitening(params, self.P, self.K, weighted)
+
+    def density_pass(self, Xp, coefficients, *, store_logits):
+        """(block lse (blocks, n_pad), logits (n_pad, K) or None)."""
+        out = [jax.ShapeDtypeStruct((self.density.grid[0], self.n_pad), self.dtype)]
+        if store_logits:
+            out.append(jax.ShapeDtypeStruct((self.n_pad, self.K), self.dtype))
+        res = self.density.call(_density_kernel, (Xp, *coefficients), out,
+                                interpret=self.interpret, store_logits=store_logits,
+                                algorithm=self.algorithm)
+        return res[0], (res[1] if store_logits else None)
+
+    def stats_pass(self, kernel, Xp, inputs, extra_out=(), **static):
+        """Partials (counts, S1, S2) of a statistics kernel (plus its ``extra_out``)."""
+        groups = self.stats.grid[1]
+        P = self.P
+        s2_rows = P * P * 3 // 4 if self.packed else P * P
+        out = [*extra_out, jax.ShapeDtypeStruct((groups, self.K), self.dtype),
+               jax.ShapeDtypeStruct((groups, P, self.K), self.dtype),
+               jax.ShapeDtypeStruct((groups, s2_rows, self.K), self.dtype)]
+        return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
+                               algorithm=self.algorithm, **static)
 
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
-        """Sum the per-group partials and cut the padding (S2 rows a * P + b)."""
+        """Sum the per-group partials, mirror packed second moments and cut the padding."""
         k, p, P = self.k, self.p, self.P
-        s2 = s2.sum(0).reshape(P, P, self.K)[:p, :p, :k]
+        s2 = s2.sum(0)
+        if self.packed:  # rows: (a < P/2, b) then (a, b >= P/2); S2[a, b] = S2[b, a]
+            half = P // 2
+            top = s2[:half * P].reshape(half, P, self.K)
+            bottom = s2[half * P:].reshape(half, half, self.K)
+            lower = jnp.concatenate([jnp.swapaxes(top[:, half:], 0, 1), bottom], axis=1)
+            s2 = jnp.concatenate([top, lower], axis=0)
+        s2 = s2.reshape(P, P, self.K)[:p, :p, :k]
         return SuffStats(counts.sum(0)[:k], s1.sum(0)[:p, :k].T, jnp.transpose(s2, (2, 0, 1)),
                          loglik)
 
 
-class _Problem(_Layout):
-    """The layout plus the whitened coefficients of the parameters."""
+def _over_chunks(chunk_fn, rows_per_chunk, arrays):
+    """``chunk_fn`` over row chunks of ``arrays`` (first axis n): the sum of its first output
+    (a pytree) and the concatenation of the others (per-row arrays). The last chunk is
+    padded with zeros (the callers' zero weights make padded rows count for nothing)."""
+    n = arrays[0].shape[0]
+    if n <= rows_per_chunk:
+        return chunk_fn(*arrays)
+    n_chunks = -(-n // rows_per_chunk)
+    chunks = [jnp.pad(a, [(0, n_chunks * rows_per_chunk - n)] + [(0, 0)] * (a.ndim - 1))
+              .reshape(n_chunks, rows_per_chunk, *a.shape[1:]) for a in arrays]
+    shapes = jax.eval_shape(chunk_fn, *(c[0] for c in chunks))
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
 
-    def __init__(self, X, params, *, weighted=True, **kw):
-        super().__init__(X, params.n_components, **kw)
-        self.coefficients = _whitening(params, self.P, self.K, weighted=weighted)
+    def body(total, chunk):
+        total_c, *rows = chunk_fn(*chunk)
+        return jax.tree.map(jnp.add, total, total_c), rows
 
-    def block_lse(self):
-        """(blocks, n_pad) log-sum-exp of each component block's weighted logits."""
-        out = jax.ShapeDtypeStruct((self.n_blocks, self.n_pad), self.Xp.dtype)
-        return self.call(_block_lse_kernel, (self.Xp, *self.coefficients), [out])[0]
+    total, rows = jax.lax.scan(body, zero, chunks)
+    return (total, *(r.reshape(-1, *r.shape[2:])[:n] for r in rows))
 
 
-def _row_weights(X, sample_weight, layout: _Layout):
-    w = jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
-    return layout.pad_rows(w)
+def _unit_weights(X, sample_weight):
+    return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
 
 
 def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
              **blocks):
-    """(n,) log p(x_i): per-block log-sum-exp kernel, combined over blocks by XLA.
-
-    ``blocks``: kernel settings overriding :data:`DEFAULT_BLOCKS` (here and below).
+    """(n,) log p(x_i): the density pass (block log-sum-exps, no logits written), combined
+    over blocks by XLA. ``blocks``: density-pass settings overriding :data:`DEFAULT_BLOCKS`.
     """
-    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks,
-                    family="density")
-    return jax.nn.logsumexp(prob.block_lse(), axis=0)[:prob.n]
-
-
-def responsibility_stats(X, params: MixtureParams, log_prob_x, sample_weight=None, *,
-                         precision: str = "highest", interpret: bool = False,
-                         **blocks) -> SuffStats:
-    """The statistics pass alone, given log p(x_i) (n,): N, sum r x, sum r x x^T, sum w log p."""
-    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
-    lse = prob.pad_rows(log_prob_x)
-    w = _row_weights(X, sample_weight, prob)
-    partials = prob.call(_suff_stats_kernel, (prob.Xp, prob.Xp.T, w, lse, *prob.coefficients),
-                         prob.stats_shapes(), stats=True)
-    return prob.sum_stats(*partials, jnp.sum(w * lse))
+    layout = _Layout(*X.shape, params.n_components, X.dtype, precision=precision,
+                     interpret=interpret, density_blocks=blocks)
+    part, _ = layout.density_pass(layout.padded_x(X), layout.coefficients(params),
+                                  store_logits=False)
+    return jax.nn.logsumexp(part, axis=0)[:layout.n]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str = "highest",
-               interpret: bool = False, **blocks) -> SuffStats:
-    """Fused E-step statistics: the log p(x) pass, then the per-component-block stats pass."""
-    density_blocks = {k: v for k, v in blocks.items() if k != "moments"}
-    lse = log_prob(X, params, precision=precision, interpret=interpret, **density_blocks)
-    return responsibility_stats(X, params, lse, sample_weight, precision=precision,
-                                interpret=interpret, **blocks)
+               interpret: bool = False, rows_per_chunk: int = ROWS_PER_CHUNK,
+               density_blocks: dict | None = None, stats_blocks: dict | None = None
+               ) -> SuffStats:
+    """Fused E-step statistics per row chunk: the density pass (logits and block lse), then
+    the statistics pass over the stored logits."""
+    def chunk(Xc, wc):
+        layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
+                         interpret=interpret, density_blocks=density_blocks,
+                         stats_blocks=stats_blocks)
+        Xp = layout.padded_x(Xc)
+        part, logits = layout.density_pass(Xp, layout.coefficients(params), store_logits=True)
+        lse = jax.nn.logsumexp(part, axis=0)
+        w = layout.pad_rows(wc)
+        partials = layout.stats_pass(_suff_stats_kernel, Xp, (w, lse, logits))
+        return (layout.sum_stats(*partials, jnp.sum(w * lse)),)
+
+    return _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
 
 
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
                            **blocks) -> SuffStats:
     """Statistics of hard labels with one-hot responsibilities built in-kernel."""
-    layout = _Layout(X, n_components, precision=precision, interpret=interpret, blocks=blocks)
-    w = _row_weights(X, sample_weight, layout)
+    layout = _Layout(*X.shape, n_components, X.dtype, precision=precision, interpret=interpret,
+                     stats_blocks=blocks)
+    w = layout.pad_rows(_unit_weights(X, sample_weight))
     labels = layout.pad_rows(labels.astype(jnp.int32))
-    partials = layout.call(_label_stats_kernel, (layout.Xp.T, w, labels),
-                           layout.stats_shapes(), stats=True, p=layout.p)
+    partials = layout.stats_pass(_label_stats_kernel, layout.padded_x(X), (w, labels))
     return layout.sum_stats(*partials, jnp.zeros((), X.dtype))
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
-                             interpret: bool = False, **blocks):
+                             interpret: bool = False, rows_per_chunk: int = ROWS_PER_CHUNK,
+                             density_blocks: dict | None = None,
+                             stats_blocks: dict | None = None):
     """Inverse-CDF draw per row fused with the statistics of the drawn labels.
 
-    Returns (labels (n,) int32, log p(x) (n,), :class:`SuffStats` of the labels).
+    Row i uses u_i = ``jax.random.uniform(key, (n,))[i]``. Returns (labels (n,) int32,
+    log p(x) (n,), :class:`SuffStats` of the labels).
     """
-    prob = _Problem(X, params, precision=precision, interpret=interpret, blocks=blocks)
-    part = prob.block_lse()
-    lse = jax.nn.logsumexp(part, axis=0)
-    u = prob.pad_rows(jax.random.uniform(key, (prob.n,), dtype=X.dtype))
-    # block masses -> exclusive prefix (start of each block's CDF) and the landing block:
-    # the last block of positive mass whose start is <= u
-    mass = jnp.exp(part - lse)
-    start = jnp.cumsum(mass, axis=0) - mass
-    block_ids = jnp.arange(prob.n_blocks, dtype=jnp.int32)[:, None]
-    landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
-    w = _row_weights(X, None, prob)  # 0 on padding rows
-    labels, *partials = prob.call(
-        _sample_stats_kernel,
-        (prob.Xp, prob.Xp.T, w, u, lse, start, landing, *prob.coefficients),
-        [jax.ShapeDtypeStruct((prob.n_blocks, prob.n_pad), jnp.int32), *prob.stats_shapes()],
-        stats=True, n_components=prob.k)
-    labels = jnp.sum(labels, axis=0)[:prob.n]
-    return labels, lse[:prob.n], prob.sum_stats(*partials, jnp.zeros((), X.dtype))
+    u_all = jax.random.uniform(key, (X.shape[0],), dtype=X.dtype)
+
+    def chunk(Xc, uc, wc):
+        layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
+                         interpret=interpret, density_blocks=density_blocks,
+                         stats_blocks=stats_blocks)
+        if layout.stats.block_k % layout.density.block_k:
+            raise ValueError("sampling needs the density pass's block_k to divide the "
+                             f"statistics pass's, got {layout.density.block_k} and "
+                             f"{layout.stats.block_k}")
+        Xp = layout.padded_x(Xc)
+        part, logits = layout.density_pass(Xp, layout.coefficients(params), store_logits=True)
+        # regroup the density pass's block lse into the statistics pass's blocks
+        blocks = layout.stats.grid[0]
+        part = jax.nn.logsumexp(part.reshape(blocks, -1, layout.n_pad), axis=1)
+        lse = jax.nn.logsumexp(part, axis=0)
+        u = layout.pad_rows(uc)
+        # block masses -> exclusive prefix (start of each block's CDF) and the landing
+        # block: the last block of positive mass whose start is <= u
+        mass = jnp.exp(part - lse)
+        start = jnp.cumsum(mass, axis=0) - mass
+        block_ids = jnp.arange(blocks, dtype=jnp.int32)[:, None]
+        landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
+        labels, *partials = layout.stats_pass(
+            _sample_stats_kernel, Xp, (layout.pad_rows(wc), u, lse, start, landing, logits),
+            [jax.ShapeDtypeStruct((blocks, layout.n_pad), jnp.int32)],
+            n_components=layout.k)
+        labels = jnp.sum(labels, axis=0)[:layout.n]
+        return (layout.sum_stats(*partials, jnp.zeros((), X.dtype)), labels, lse[:layout.n])
+
+    stats, labels, lse = _over_chunks(chunk, rows_per_chunk,
+                                      (X, u_all, jnp.ones(X.shape[0], X.dtype)))
+    return labels, lse, stats
 
 
 def sample_labels(key, X, params: MixtureParams, *, precision: str = "highest",
-                  interpret: bool = False, return_log_prob: bool = False, **blocks):
+                  interpret: bool = False, return_log_prob: bool = False, **settings):
     """One inverse-CDF categorical draw per row (uniforms as in the reference)."""
     labels, lse, _ = sample_labels_with_stats(key, X, params, precision=precision,
-                                              interpret=interpret, **blocks)
+                                              interpret=interpret, **settings)
     return (labels, lse) if return_log_prob else labels
 
 
 def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
                **blocks):
     """(n, k) component log-densities, one (block_n, block_k) tile per program."""
-    prob = _Problem(X, params, weighted=False, precision=precision, interpret=interpret,
-                    blocks=blocks, family="density")
-    kernel = functools.partial(_mvn_logpdf_kernel, block_n=prob.block_n, block_k=prob.block_k,
-                               algorithm=prob.algorithm)
-    inputs = (prob.Xp, *prob.coefficients)
-    out_shape = jax.ShapeDtypeStruct((prob.n_pad, prob.K), X.dtype)
+    layout = _Layout(*X.shape, params.n_components, X.dtype, precision=precision,
+                     interpret=interpret, density_blocks=blocks)
+    d = layout.density
+    inputs = (layout.padded_x(X), *layout.coefficients(params, weighted=False))
+    kernel = functools.partial(_mvn_logpdf_kernel, block_n=d.block_n, block_k=d.block_k,
+                               algorithm=layout.algorithm)
+    out_shape = jax.ShapeDtypeStruct((layout.n_pad, layout.K), X.dtype)
     out = pallas_call(
-        kernel, interpret=interpret, num_warps=prob.num_warps,
-        grid=(prob.n_tiles, prob.n_blocks),
+        kernel, interpret=interpret, num_warps=d.num_warps,
+        grid=(d.n_tiles, layout.K // d.block_k),
         in_specs=[_full_spec(a.shape) for a in inputs],
         out_specs=_full_spec(out_shape.shape), out_shape=out_shape,
     )(*inputs)
-    return out[:prob.n, :prob.k]
+    return out[:layout.n, :layout.k]
 
 
 def _register_lowering_cases() -> None:
-    """Lowering cases per kernel and dtype (n = 100 ragged rows, p = 16, k = 40)."""
+    """Lowering cases per kernel, moments and dtype (n = 100 ragged rows, p = 16, k = 40)."""
     n, p, k = 100, 16, 40
 
     def params_of(dtype):
@@ -456,17 +530,19 @@ def _register_lowering_cases() -> None:
             jax.ShapeDtypeStruct((k, p, p), dtype), jax.ShapeDtypeStruct((k, p, p), dtype),
             "full")
 
+    # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
+    small = dict(block_n=16, block_k=8)
     cases = {
+        "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
         "log_prob": lambda X, prm, _: log_prob(X, prm),
-        "suff_stats": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
-        "suff_stats_coordinate_moments": lambda X, prm, _: suff_stats(X, prm,
-                                                                      moments="coordinate"),
-        # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
-        "suff_stats_small_blocks": lambda X, prm, _: suff_stats(X, prm, block_n=16, block_k=8),
+        "suff_stats_tf32x3": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
+        "suff_stats_packed": lambda X, prm, _: suff_stats(
+            X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),
+        "suff_stats_small_blocks": lambda X, prm, _: suff_stats(
+            X, prm, density_blocks=small, stats_blocks=small),
         "mvn_logpdf": lambda X, prm, _: mvn_logpdf(X, prm),
         "sample_labels_with_stats": lambda X, prm, _: sample_labels_with_stats(
             jax.random.key(0), X, prm),
-        "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
     }
     for dtype in (jnp.float32, jnp.float64):
         for name, fn in cases.items():

@@ -35,11 +35,11 @@ def kernel_rtol(dtype):
     return tol(dtype, "kernel") * (1.0 if dtype == np.float64 else 10.0)
 
 
-# size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32
-# features. float32 is also covered at k = 256 below and by the label tests. The last
-# column picks the second-moment products of the statistics kernels.
-CASES = [(1, 2, 1, np.float64, "quadratic"), (37, 3, 9, np.float64, "coordinate"),
-         (50, 17, 9, np.float32, "quadratic")]
+# size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32.
+# float32 is also covered at k = 256 below and by the label tests. The last column picks
+# the second-moment products of the statistics pass.
+CASES = [(1, 2, 1, np.float64, "packed"), (37, 3, 9, np.float64, "full"),
+         (37, 3, 9, np.float64, "packed"), (50, 17, 9, np.float32, "packed")]
 
 
 class TestMixtureKernels(KernelTests):
@@ -56,12 +56,14 @@ class TestMixtureKernels(KernelTests):
         assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, moments=moments, **kw, **STATS_BLOCKS)
+        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS,
+                                 stats_blocks=dict(STATS_BLOCKS, moments=moments), **kw)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * n)
         assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * scale)
         assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * scale)
+        np.testing.assert_array_equal(got.sum_xx, jnp.swapaxes(got.sum_xx, 1, 2))
         assert_close(got.loglik, want.loglik, rtol=rtol)
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -69,7 +71,8 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(37, 3, 5, dtype)
         key = jax.random.key(4)
         kw = self.compiled_kwargs()
-        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw, **BLOCKS)
+        labels, lp = kernels.sample_labels(key, X, params, return_log_prob=True, **kw,
+                                           density_blocks=BLOCKS, stats_blocks=BLOCKS)
         want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
         # identical uniforms: labels agree except within rounding of a CDF boundary
         assert np.mean(np.asarray(labels) == np.asarray(want_labels)) >= (
@@ -83,8 +86,9 @@ class TestMixtureKernels(KernelTests):
         assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
         # the fused draw + statistics: statistics of the labels it drew, counted apart
         fused_labels, _, fused = kernels.sample_labels_with_stats(
-            key, X, params, moments="coordinate" if dtype == np.float64 else "quadratic",
-            **kw, **STATS_BLOCKS)
+            key, X, params, density_blocks=BLOCKS,
+            stats_blocks=dict(STATS_BLOCKS, moments="packed" if dtype == np.float64 else "full"),
+            **kw)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
         assert_close(fused.counts, want.counts, rtol=0)
@@ -96,9 +100,9 @@ class TestMixtureKernels(KernelTests):
         X, params, _ = make_case(20, 3, 9, np.float64)
         params = dataclasses.replace(params, weights=jnp.zeros(9).at[8].set(1.0))
         key = jax.random.key(1)
-        labels, lp, stats = kernels.sample_labels_with_stats(key, X, params,
-                                                             **self.compiled_kwargs(),
-                                                             **STATS_BLOCKS)
+        labels, lp, stats = kernels.sample_labels_with_stats(
+            key, X, params, **self.compiled_kwargs(), density_blocks=BLOCKS,
+            stats_blocks=STATS_BLOCKS)
         np.testing.assert_array_equal(labels, np.full(20, 8))
         assert_close(lp, ref.mvn_logpdf(X, params)[:, 8], rtol=kernel_rtol(np.float64))
         assert_close(stats.counts, jnp.zeros(9).at[8].set(20.0), rtol=0)
@@ -118,13 +122,37 @@ class TestMixtureKernels(KernelTests):
             err = np.max(np.abs(np.asarray(got, np.float64) - want))
             assert err < 1e-3, (precision, err)
 
+    def test_row_chunks_equal_one_pass(self):
+        """37 rows in chunks of 16 (three chunks, the last ragged): statistics, labels and
+        log p(x) equal the reference's."""
+        X, params, rng = make_case(37, 3, 9, np.float64)
+        w = jnp.asarray(rng.uniform(0.1, 2.0, 37))
+        kw = dict(self.compiled_kwargs(), rows_per_chunk=16, density_blocks=BLOCKS,
+                  stats_blocks=STATS_BLOCKS)
+        rtol = kernel_rtol(np.float64)
+        key = jax.random.key(3)
+        want = ref.suff_stats(X, params, w)
+        want_labels, want_lp = ref.sample_labels(key, X, params, return_log_prob=True)
+        got = kernels.suff_stats(X, params, w, **kw)
+        assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
+        assert_close(got.loglik, want.loglik, rtol=rtol)
+        labels, lp, stats = kernels.sample_labels_with_stats(key, X, params, **kw)
+        np.testing.assert_array_equal(labels, want_labels)
+        assert_close(lp, want_lp, rtol=rtol)
+        assert_close(stats.counts, jnp.bincount(want_labels, length=9), rtol=0)
+
 
 def test_kernel_settings_are_checked():
     X, params, _ = make_case(4, 2, 2, np.float64)
     with pytest.raises(TypeError, match="unknown kernel settings"):
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
     with pytest.raises(ValueError, match="moments"):
-        kernels.suff_stats(X, params, interpret=True, moments="cubic")
+        kernels.suff_stats(X, params, interpret=True, stats_blocks=dict(moments="cubic"))
+    with pytest.raises(ValueError, match="precision"):
+        kernels.log_prob(X, params, interpret=True, precision="tf32")
+    with pytest.raises(ValueError, match="block_k"):
+        kernels.sample_labels(jax.random.key(0), X, params, interpret=True,
+                              density_blocks=dict(block_k=16), stats_blocks=dict(block_k=8))
 
 
 def sklearn_start(covariance_type, p, k):
