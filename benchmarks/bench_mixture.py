@@ -143,18 +143,26 @@ def reference_em_iteration(X, params):
 # ------------------------------------------------------------------ cases
 
 # Block settings timed per precision; the first of each list is the default (DEFAULT_BLOCKS).
-_TRIANGULAR = [dict(block_n=64, block_k=32, num_warps=4, products="triangular"),
-               dict(block_n=128, block_k=32, num_warps=4, products="triangular"),
-               dict(block_n=64, block_k=64, num_warps=4, products="triangular"),
-               dict(block_n=128, block_k=64, num_warps=8, products="triangular"),
-               dict(block_n=32, block_k=64, num_warps=2, products="triangular")]
 DENSITY_CONFIGS = {
-    "tf32x3": [dict(block_n=64, block_k=32, num_warps=4, products="dot"), *_TRIANGULAR[:3]],
-    "highest": [dict(block_n=64, block_k=32, num_warps=4, products="dot"), *_TRIANGULAR],
+    "tf32x3": [dict(block_n=64, block_k=32, num_warps=4),
+               dict(block_n=128, block_k=32, num_warps=8),
+               dict(block_n=64, block_k=64, num_warps=4),
+               dict(block_n=64, block_k=32, num_warps=8),
+               dict(block_n=32, block_k=32, num_warps=4)],
+    "highest": [dict(block_n=64, block_k=32, num_warps=4),
+                dict(block_n=32, block_k=32, num_warps=4),
+                dict(block_n=64, block_k=32, num_warps=8),
+                dict(block_n=32, block_k=64, num_warps=4)],
 }
 STATS_CONFIGS = {
     "tf32x3": [dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=64, moments="full"),
                dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=64,
+                    moments="packed"),
+               dict(block_n=64, block_k=128, num_warps=8, tiles_per_program=64,
+                    moments="packed"),
+               dict(block_n=128, block_k=64, num_warps=8, tiles_per_program=32,
+                    moments="packed"),
+               dict(block_n=64, block_k=64, num_warps=4, tiles_per_program=64,
                     moments="packed"),
                dict(block_n=32, block_k=64, num_warps=8, tiles_per_program=128,
                     moments="packed")],
@@ -168,25 +176,22 @@ STATS_CONFIGS = {
                      moments="packed"),
                 dict(block_n=32, block_k=64, num_warps=4, tiles_per_program=128,
                      moments="packed"),
-                dict(block_n=32, block_k=128, num_warps=8, tiles_per_program=128,
-                     moments="packed"),
-                dict(block_n=32, block_k=64, num_warps=8, tiles_per_program=256,
-                     moments="packed")],
+                dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=64,
+                     moments="full")],
 }
 
 
-def density_flop(n, p, k, products):
-    """FLOP of one whitened density evaluation: 2 n k p P as products, n k p (p + 1) as
-    triangular rank-one updates."""
-    return n * k * p * (2 * kernels.padded_features(p) if products == "dot" else p + 1)
+def density_flop(n, p, k):
+    """Useful FLOP of one whitened density evaluation: 2 n k p P."""
+    return 2 * n * k * kernels.padded_features(p) * p
 
 
-def kernel_flop(n, p, k, density_cfg, stats_cfg):
+def kernel_flop(n, p, k, moments="full"):
     """The density once + the statistics products (second moments and x^T r):
     2 n k P (P + 1) for "full", 2 n k P (3P/4 + 1) for "packed"."""
     P = kernels.padded_features(p)
-    rows = P if stats_cfg["moments"] == "full" else 3 * P // 4
-    return density_flop(n, p, k, density_cfg["products"]) + 2 * n * k * P * (rows + 1)
+    rows = P if moments == "full" else 3 * P // 4
+    return density_flop(n, p, k) + 2 * n * k * P * (rows + 1)
 
 
 def guarded(rec, case, shape, extra, fn):
@@ -258,7 +263,7 @@ def sweep_pieces(rec, X, params, precision):
                 {"piece": "density", "precision": precision, **cfg},
                 lambda cfg=cfg: one("density", cfg, lambda X: kernels.log_prob(
                     X, params, precision=precision, interpret=INTERPRET, **cfg),
-                    density_flop(n, p, K, cfg["products"])))
+                    density_flop(n, p, K)))
     if "density" not in best:
         return {}
     density = best["density"][1]
@@ -269,7 +274,7 @@ def sweep_pieces(rec, X, params, precision):
                 lambda cfg=cfg: one("e_step", cfg, lambda X: kernels.suff_stats(
                     X, params, precision=precision, interpret=INTERPRET,
                     density_blocks=density, stats_blocks=cfg),
-                    kernel_flop(n, p, K, density, cfg)))
+                    kernel_flop(n, p, K, cfg["moments"])))
     return {"density": density, "statistics": best["e_step"][1]} if "e_step" in best else {}
 
 
@@ -298,7 +303,7 @@ def bench_em(rec, X, params, quick):
         step = kernel_em_step(precision, density_cfg, stats_cfg)
         check_close(f"loglik {precision}", step(X, params)[1], want, rtol=1e-4)
         t = time_fn(step, [(X, params)])
-        flop = kernel_flop(n, p, K, density_cfg, stats_cfg)
+        flop = kernel_flop(n, p, K, stats_cfg["moments"])
         rec.record("em_iteration", shape=shape, dtype="float32", backend="pallas", timing=t,
                    items=n, item_name="rows", baseline="xla_quadratic_gemm",
                    extra={"precision": precision, "density_blocks": density_cfg,

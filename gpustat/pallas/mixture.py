@@ -66,7 +66,6 @@ __all__ = [
     "MAX_FEATURES",
     "MOMENTS",
     "PRECISIONS",
-    "PRODUCTS",
     "log_prob",
     "mvn_logpdf",
     "sample_labels",
@@ -81,7 +80,6 @@ PRECISIONS = {
     "tf32x3": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
 }
 MOMENTS = ("full", "packed")
-PRODUCTS = ("dot", "triangular")
 ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
 # Kernel settings per precision of the density pass and of the statistics passes (float64
 # takes "highest"). Sampling regroups the density pass's block lse into the statistics
@@ -90,16 +88,14 @@ DEFAULT_BLOCKS = {
     # "tf32x3": the fastest of the settings swept on an H100 (commit 65a43b1: density
     # 4.31 ms, statistics 4.57 ms at n = 1e6, p = 16, k = 256)
     "tf32x3": {
-        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4,
-                    "products": "dot"},
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
         "stats": {"block_n": 64, "block_k": 64, "tiles_per_program": 64, "num_warps": 8,
                   "moments": "full"},
     },
     # "highest": IEEE fp32 dots keep their operands in registers, so 32-row statistics
     # tiles (the setting measured with the recomputing kernels, commit dcc904f)
     "highest": {
-        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4,
-                    "products": "dot"},
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 128, "num_warps": 8,
                   "moments": "full"},
     },
@@ -138,29 +134,13 @@ def _dot(a, b, algorithm):
     return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
 
 
-def _block_logits(x_ref, rows, coef_refs, kb, block_k, algorithm, products):
-    """(block_n, block_k) logits of component block kb for the row tile ``rows``.
-
-    ``products``: "dot", one (block_n, P) x (P, block_k) product per whitened coordinate
-    (``x_ref``: X); "triangular", rank-one updates z_d += x_a U[a, d] for a <= d only
-    (``x_ref``: X^T, so a column of the tile is one contiguous load; U_j is upper
-    triangular: p (p + 1) / 2 of the p P multiply-adds, IEEE fp32 whatever the precision).
-    """
+def _block_logits(x, coef_refs, kb, block_k, algorithm):
+    """(block_n, block_k) logits of component block kb for the row tile x (block_n, P)."""
     W_ref, m_ref, c_ref = coef_refs
     cols = pl.ds(kb * block_k, block_k)
-    p = W_ref.shape[0]
-    if products == "dot":
-        x = x_ref[rows, :]
-    else:
-        columns = [x_ref[a, rows][:, None] for a in range(p)]
     sq = None
-    for d in range(p):  # static: one whitened coordinate at a time
-        if products == "dot":
-            z = _dot(x, W_ref[d, :, cols], algorithm) - m_ref[d, cols][None, :]
-        else:
-            z = columns[0] * W_ref[d, 0, cols][None, :] - m_ref[d, cols][None, :]
-            for a in range(1, d + 1):
-                z = z + columns[a] * W_ref[d, a, cols][None, :]
+    for d in range(W_ref.shape[0]):  # static: one product per whitened coordinate
+        z = _dot(x, W_ref[d, :, cols], algorithm) - m_ref[d, cols][None, :]
         sq = z * z if sq is None else sq + z * z
     return c_ref[cols][None, :] - 0.5 * sq
 
@@ -178,13 +158,13 @@ def _tile_loop(body, init, *, tiles_per_program, n_tiles):
 
 
 def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_program, n_tiles,
-                    algorithm, products):
+                    algorithm):
     coef_refs, (lse_ref, *logits_ref) = refs[:3], refs[3:]
     kb = pl.program_id(0)
 
     def body(t, carry):
         rows = pl.ds(t * block_n, block_n)
-        logits = _block_logits(x_ref, rows, coef_refs, kb, block_k, algorithm, products)
+        logits = _block_logits(x_ref[rows, :], coef_refs, kb, block_k, algorithm)
         if store_logits:
             logits_ref[0][rows, pl.ds(kb * block_k, block_k)] = logits
         top = _safe_max(logits)
@@ -283,12 +263,12 @@ def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, block_k, **loop):
     _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
-def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm, products):
+def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm):
     coef_refs, out_ref = refs[:3], refs[3]
     rows = pl.ds(pl.program_id(0) * block_n, block_n)
     kb = pl.program_id(1)
     out_ref[rows, pl.ds(kb * block_k, block_k)] = _block_logits(
-        x_ref, rows, coef_refs, kb, block_k, algorithm, products)
+        x_ref[rows, :], coef_refs, kb, block_k, algorithm)
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,9 +282,8 @@ def _settings(defaults: dict, blocks: dict | None) -> dict:
     if unknown:
         raise TypeError(f"unknown kernel settings {sorted(unknown)}; known: {list(defaults)}")
     settings = {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
-    for name, allowed in (("moments", MOMENTS), ("products", PRODUCTS)):
-        if name in settings and settings[name] not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {settings[name]!r}")
+    if settings.get("moments", "full") not in MOMENTS:
+        raise ValueError(f"moments must be one of {MOMENTS}, got {settings['moments']!r}")
     return settings
 
 
@@ -318,7 +297,7 @@ class _Pass:
     def __init__(self, settings: dict, n_pad: int, K: int):
         self.block_n, self.block_k = settings["block_n"], settings["block_k"]
         self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
-        self.static = {k: settings[k] for k in ("moments", "products") if k in settings}
+        self.static = {"moments": settings["moments"]} if "moments" in settings else {}
         self.n_tiles = n_pad // self.block_n
         self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
 
@@ -365,16 +344,12 @@ class _Layout:
     def coefficients(self, params, weighted=True):
         return _whitening(params, self.P, self.K, weighted)
 
-    def density_input(self, Xp):
-        """X for "dot" density products, X^T for "triangular" ones."""
-        return Xp.T if self.density.static["products"] == "triangular" else Xp
-
     def density_pass(self, Xp, coefficients, *, store_logits):
         """(block lse (blocks, n_pad), logits (n_pad, K) or None)."""
         out = [jax.ShapeDtypeStruct((self.density.grid[0], self.n_pad), self.dtype)]
         if store_logits:
             out.append(jax.ShapeDtypeStruct((self.n_pad, self.K), self.dtype))
-        res = self.density.call(_density_kernel, (self.density_input(Xp), *coefficients), out,
+        res = self.density.call(_density_kernel, (Xp, *coefficients), out,
                                 interpret=self.interpret, store_logits=store_logits,
                                 algorithm=self.algorithm)
         return res[0], (res[1] if store_logits else None)
@@ -532,10 +507,9 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
     layout = _Layout(*X.shape, params.n_components, X.dtype, precision=precision,
                      interpret=interpret, density_blocks=blocks)
     d = layout.density
-    inputs = (layout.density_input(layout.padded_x(X)),
-              *layout.coefficients(params, weighted=False))
+    inputs = (layout.padded_x(X), *layout.coefficients(params, weighted=False))
     kernel = functools.partial(_mvn_logpdf_kernel, block_n=d.block_n, block_k=d.block_k,
-                               algorithm=layout.algorithm, **d.static)
+                               algorithm=layout.algorithm)
     out_shape = jax.ShapeDtypeStruct((layout.n_pad, layout.K), X.dtype)
     out = pallas_call(
         kernel, interpret=interpret, num_warps=d.num_warps,
@@ -561,7 +535,6 @@ def _register_lowering_cases() -> None:
     cases = {
         "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
         "log_prob": lambda X, prm, _: log_prob(X, prm),
-        "log_prob_triangular": lambda X, prm, _: log_prob(X, prm, products="triangular"),
         "suff_stats_tf32x3": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
         "suff_stats_packed": lambda X, prm, _: suff_stats(
             X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),

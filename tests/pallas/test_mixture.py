@@ -36,29 +36,27 @@ def kernel_rtol(dtype):
 
 
 # size 1; ragged rows and components (3 row tiles, 2 component blocks); p = 17 -> P = 32.
-# float32 is also covered at k = 256 below and by the label tests. The last columns pick
-# the density products and the second-moment products of the statistics pass.
-CASES = [(1, 2, 1, np.float64, "triangular", "packed"), (37, 3, 9, np.float64, "dot", "full"),
-         (37, 3, 9, np.float64, "triangular", "packed"),
-         (50, 17, 9, np.float32, "triangular", "packed"), (50, 17, 9, np.float32, "dot", "full")]
+# float32 is also covered at k = 256 below and by the label tests. The last column picks
+# the second-moment products of the statistics pass.
+CASES = [(1, 2, 1, np.float64, "packed"), (37, 3, 9, np.float64, "full"),
+         (37, 3, 9, np.float64, "packed"), (50, 17, 9, np.float32, "packed")]
 
 
 class TestMixtureKernels(KernelTests):
     def compiled_kwargs(self):
         return dict(interpret=True) if self.backend == "interpret" else {}
 
-    @pytest.mark.parametrize("n,p,k,dtype,products,moments", CASES)
-    def test_densities_and_suff_stats(self, n, p, k, dtype, products, moments):
+    @pytest.mark.parametrize("n,p,k,dtype,moments", CASES)
+    def test_densities_and_suff_stats(self, n, p, k, dtype, moments):
         X, params, rng = make_case(n, p, k, dtype)
         kw = self.compiled_kwargs()
-        density = dict(BLOCKS, products=products)
         rtol = kernel_rtol(dtype)
-        assert_close(kernels.log_prob(X, params, **kw, **density), ref.log_prob(X, params),
+        assert_close(kernels.log_prob(X, params, **kw, **BLOCKS), ref.log_prob(X, params),
                      rtol=rtol, atol=rtol)
-        assert_close(kernels.mvn_logpdf(X, params, **kw, **density),
+        assert_close(kernels.mvn_logpdf(X, params, **kw, **BLOCKS),
                      ref.mvn_logpdf(X, params), rtol=rtol, atol=rtol)
         w = jnp.asarray(rng.uniform(0.1, 2.0, n), dtype)
-        got = kernels.suff_stats(X, params, w, density_blocks=density,
+        got = kernels.suff_stats(X, params, w, density_blocks=BLOCKS,
                                  stats_blocks=dict(STATS_BLOCKS, moments=moments), **kw)
         want = ref.suff_stats(X, params, w)
         scale = float(jnp.max(jnp.abs(want.sum_xx)))
@@ -119,11 +117,10 @@ class TestMixtureKernels(KernelTests):
         # XLA:CPU has no TF32 dot algorithm: "tf32x3" runs only compiled on the GPU
         precisions = ["highest"] + (["tf32x3"] if self.backend == "pallas" else [])
         for precision in precisions:
-            for products in kernels.PRODUCTS:
-                got = kernels.log_prob(X32, params32, precision=precision, block_n=64,
-                                       block_k=32, products=products, **self.compiled_kwargs())
-                err = np.max(np.abs(np.asarray(got, np.float64) - want))
-                assert err < 1e-3, (precision, products, err)
+            got = kernels.log_prob(X32, params32, precision=precision, block_n=64, block_k=32,
+                                   **self.compiled_kwargs())
+            err = np.max(np.abs(np.asarray(got, np.float64) - want))
+            assert err < 1e-3, (precision, err)
 
     def test_row_chunks_equal_one_pass(self):
         """37 rows in chunks of 16 (three chunks, the last ragged): statistics, labels and
@@ -149,8 +146,6 @@ def test_kernel_settings_are_checked():
     X, params, _ = make_case(4, 2, 2, np.float64)
     with pytest.raises(TypeError, match="unknown kernel settings"):
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
-    with pytest.raises(ValueError, match="products"):
-        kernels.log_prob(X, params, interpret=True, products="cubic")
     with pytest.raises(ValueError, match="moments"):
         kernels.suff_stats(X, params, interpret=True, stats_blocks=dict(moments="cubic"))
     with pytest.raises(ValueError, match="precision"):
