@@ -85,19 +85,20 @@ ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB
 # takes "highest"). Sampling regroups the density pass's block lse into the statistics
 # pass's blocks, so its block_k must divide theirs.
 DEFAULT_BLOCKS = {
-    # "tf32x3": the fastest of the settings swept on an H100 (commit 65a43b1: density
-    # 4.31 ms, statistics 4.57 ms at n = 1e6, p = 16, k = 256)
+    # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
+    # p = 16, k = 256 (commit 20725f0: density 4.43 ms, E-step 8.96 ms with "packed")
     "tf32x3": {
         "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
         "stats": {"block_n": 64, "block_k": 64, "tiles_per_program": 64, "num_warps": 8,
-                  "moments": "full"},
+                  "moments": "packed"},
     },
-    # "highest": IEEE fp32 dots keep their operands in registers, so 32-row statistics
-    # tiles (the setting measured with the recomputing kernels, commit dcc904f)
+    # "highest": IEEE fp32 dots keep their operands in registers: 32-row statistics tiles
+    # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
+    # 64-row tiles of "tf32x3" took 20.3 ms)
     "highest": {
         "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 128, "num_warps": 8,
-                  "moments": "full"},
+                  "moments": "packed"},
     },
 }
 
@@ -134,13 +135,29 @@ def _dot(a, b, algorithm):
     return jnp.dot(a, b, precision=algorithm, preferred_element_type=a.dtype)
 
 
-def _block_logits(x, coef_refs, kb, block_k, algorithm):
-    """(block_n, block_k) logits of component block kb for the row tile x (block_n, P)."""
+def _contraction(d: int, P: int, dtype) -> int:
+    """Features that whitened coordinate d contracts: U_j is upper triangular, so
+    U_j[:, d] is zero below row d; the smallest power of two >= d + 1 that a dot takes
+    (8 for float32, 16 for float64), at most P."""
+    return min(P, max(16 if jnp.dtype(dtype) == jnp.float64 else 8, next_pow2(d + 1)))
+
+
+def _block_logits(x_ref, rows, coef_refs, kb, block_k, algorithm):
+    """(block_n, block_k) logits of component block kb for the row tile ``rows`` of X.
+
+    One product per whitened coordinate d over its first :func:`_contraction` features
+    (for p = 16 in float32: 8 for d < 8, so 3/4 of the multiply-adds of full products).
+    """
     W_ref, m_ref, c_ref = coef_refs
     cols = pl.ds(kb * block_k, block_k)
+    P = x_ref.shape[1]
+    leading = {}  # x's first K features per contraction K, loaded once
     sq = None
     for d in range(W_ref.shape[0]):  # static: one product per whitened coordinate
-        z = _dot(x, W_ref[d, :, cols], algorithm) - m_ref[d, cols][None, :]
+        K = _contraction(d, P, x_ref.dtype)
+        if K not in leading:
+            leading[K] = x_ref[rows, pl.ds(0, K)]
+        z = _dot(leading[K], W_ref[d, pl.ds(0, K), cols], algorithm) - m_ref[d, cols][None, :]
         sq = z * z if sq is None else sq + z * z
     return c_ref[cols][None, :] - 0.5 * sq
 
@@ -164,7 +181,7 @@ def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_prog
 
     def body(t, carry):
         rows = pl.ds(t * block_n, block_n)
-        logits = _block_logits(x_ref[rows, :], coef_refs, kb, block_k, algorithm)
+        logits = _block_logits(x_ref, rows, coef_refs, kb, block_k, algorithm)
         if store_logits:
             logits_ref[0][rows, pl.ds(kb * block_k, block_k)] = logits
         top = _safe_max(logits)
@@ -268,7 +285,7 @@ def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm):
     rows = pl.ds(pl.program_id(0) * block_n, block_n)
     kb = pl.program_id(1)
     out_ref[rows, pl.ds(kb * block_k, block_k)] = _block_logits(
-        x_ref[rows, :], coef_refs, kb, block_k, algorithm)
+        x_ref, rows, coef_refs, kb, block_k, algorithm)
 
 
 # ---------------------------------------------------------------------------------------
