@@ -86,10 +86,10 @@ ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB
 # pass's blocks, so its block_k must divide theirs.
 DEFAULT_BLOCKS = {
     # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
-    # p = 16, k = 256 (commit 20725f0: density 4.43 ms, E-step 8.96 ms with "packed")
+    # p = 16, k = 256 (commit 43841a6: density 3.48 ms, EM iteration 7.61 ms)
     "tf32x3": {
-        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
-        "stats": {"block_n": 64, "block_k": 64, "tiles_per_program": 64, "num_warps": 8,
+        "density": {"block_n": 128, "block_k": 32, "tiles_per_program": 32, "num_warps": 4},
+        "stats": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4,
                   "moments": "packed"},
     },
     # "highest": IEEE fp32 dots keep their operands in registers: 32-row statistics tiles
