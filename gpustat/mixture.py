@@ -7,8 +7,8 @@ computation: studies in massively parallel massive mixtures", JCGS 19(2)):
 
 fitted by EM (Dempster, Laird and Rubin 1977), posterior-mode EM under stick-breaking and
 normal-inverse-Wishart priors, or blocked Gibbs sampling of the truncated Dirichlet-process
-mixture (Ishwaran and James 2001). The E-step and its statistics run as one fused pass
-over the data (no n x m matrix): memory O(n p + m p^2).
+mixture (Ishwaran and James 2001). The E-step and its statistics run as two kernel passes
+per chunk of rows (no n x m matrix): memory O(n p + chunk m + m p^2).
 
 This module is the functional namespace: ops (:func:`mvn_logpdf`, :func:`log_prob`,
 :func:`responsibilities`, :func:`suff_stats`, :func:`sample_labels`,

@@ -46,9 +46,9 @@ __all__ = [
 def resolve_mixture_backend(backend: str, n_features: int, op: str, dtype) -> str:
     """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
     # "auto" runs the kernels for float32 (and 16-bit) data: on an H100 at n=1e6, p=16,
-    # k=256 (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit 80b4bd2) one
-    # EM iteration took 13.69 ms with the kernels at precision="highest" (11.01 ms at
-    # "tf32x3") against 40.22 ms for XLA's chunked reference. float64 kernels were not
+    # k=256 (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit e908bc7) one
+    # EM iteration took 8.27 ms with the kernels at precision="highest" (7.47 ms at
+    # "tf32x3") against 40.09 ms for XLA's chunked reference. float64 kernels were not
     # benchmarked, so float64 stays on the reference under "auto".
     return resolve_backend(
         backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
@@ -155,10 +155,11 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
                precision: str = "highest") -> SuffStats:
     """Fused E-step: N_j, sum_i r_ij x_i, sum_i r_ij x_i x_i^T and the log-likelihood.
 
-    The kernel path never writes the n x m responsibility matrix: one pass computes
-    log p(x_i) (a log-sum-exp per component block, combined over blocks), a second
-    recomputes each component block's logits per row tile and accumulates the
-    statistics in registers.
+    The kernel path works per chunk of 2^20 rows (memory O(chunk x m), never n x m): a
+    density pass writes the chunk's logits and a log-sum-exp per component block
+    (combined over blocks into log p(x_i)); a statistics pass reads each component
+    block's logits back, forms the responsibilities and accumulates the statistics in
+    registers.
 
     Args:
         X: (n, p) data, float32 or float64. The moments returned are raw (about the
