@@ -59,6 +59,7 @@ from gpustat.mixture_params import (
     full_precision_cholesky,
     log_det_precision_cholesky,
 )
+from gpustat.mixture_validation import check_precision
 from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
 
 __all__ = [
@@ -334,8 +335,7 @@ class _Layout:
 
     def __init__(self, n, p, n_components, dtype, *, precision, interpret,
                  density_blocks=None, stats_blocks=None):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+        check_precision(precision)
         defaults = DEFAULT_BLOCKS["highest" if jnp.dtype(dtype) == jnp.float64 else precision]
         density = _settings(defaults["density"], density_blocks)
         stats = _settings(defaults["stats"], stats_blocks)
