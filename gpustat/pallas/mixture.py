@@ -192,13 +192,12 @@ def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_prog
     _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
 
 
-def _second_moment_rows(xt_ref, rows, moments):
-    """The left operands of the second-moment products of one row tile (rows contract):
-    "full": [vec(x x^T)] (P^2, block_n), row a P + b = x_a x_b; "packed": [x_a x_b for
-    a < P/2, all b] ((P/2) P, block_n) and [x_a x_b for a, b >= P/2] ((P/2)^2, block_n)."""
-    P = xt_ref.shape[0]
-    xt = xt_ref[:, rows]
-    block_n = xt.shape[1]
+def _second_moment_rows(xt, xt_ref, rows, moments):
+    """The left operands of the second-moment products of the row tile ``xt`` (P, block_n)
+    (rows contract): "full": [vec(x x^T)] (P^2, block_n), row a P + b = x_a x_b; "packed":
+    [x_a x_b for a < P/2, all b] ((P/2) P, block_n) and [x_a x_b for a, b >= P/2]
+    ((P/2)^2, block_n), whose halves of x are read from ``xt_ref`` (no value slicing)."""
+    P, block_n = xt.shape
     if moments == "full":
         return ((xt[:, None, :] * xt[None, :, :]).reshape(P * P, block_n),)
     half = P // 2
@@ -223,9 +222,10 @@ def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, momen
         counts, s1, s2 = acc
         rows = pl.ds(t * block_n, block_n)
         r = responsibilities_fn(rows)
+        xt = xt_ref[:, rows]
         s2 = tuple(s + _dot(q, r, algorithm)
-                   for s, q in zip(s2, _second_moment_rows(xt_ref, rows, moments)))
-        return counts + jnp.sum(r, axis=0), s1 + _dot(xt_ref[:, rows], r, algorithm), s2
+                   for s, q in zip(s2, _second_moment_rows(xt, xt_ref, rows, moments)))
+        return counts + jnp.sum(r, axis=0), s1 + _dot(xt, r, algorithm), s2
 
     s2_rows = (P * P,) if moments == "full" else (P * P // 2, P * P // 4)
     init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
