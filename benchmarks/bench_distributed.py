@@ -6,14 +6,17 @@ Cases (the acceptance shapes of the multi-GPU issue):
   3 EM iterations (tol = 0, so every variant runs the same iterations; the
   committed 2x H200 line ran 20). Prediction: the per-device E-step halves, the
   psum is 157 KB and the replicated M-step (k Choleskys of 16 x 16) is a fixed
-  ~0.1-0.3 ms, so two GPUs should reach about 1.8-1.9x. Measured: the fused
-  E-step kernel takes ~0.2 s per iteration at this shape on one H200 (far above
-  the spec's ~3 ms FLOP floor), so the E-step dominates and scaling is 1.94x.
+  ~0.1-0.3 ms, so two GPUs should reach about 1.8-1.9x (the E-step is ~16 ms per
+  iteration at this shape on one H200).
 * ``border``: B = 200,000 atoms with the single-GPU acceptance distribution
   (n_a uniform in 8..128, d = 2, k_a in 4..12; about 13.6M rows, 2.4 GB of
   float64 input), float64 and float32. Independent atoms and no communication:
   two GPUs should give close to 2x minus the fixed launch cost of each bucket's
-  kernel and the dummy atoms (at most one per (n_a, k_a) type per device).
+  kernel and the dummy atoms (at most one per (n_a, k_a) type per device). Timed
+  with 10 solves issued back to back per repetition (``border``), as in a Newton
+  loop that keeps its state on the device, and one solve per repetition
+  (``border_single_call``), which adds the launch and synchronisation latency of
+  a call (~0.7-1 ms on a 2x H200 host) to every solve.
 * ``fm_train``: one FM epoch, logistic loss, AdaGrad, n = 2^19 rows with 32
   nonzeros, p = 2^15 features, k = 32, float32; global batch 8192 (strong scaling:
   the same trajectory), ``fm_train_weak``: 8192 rows per device, and
@@ -46,6 +49,8 @@ from gpustat import border, distributed, distributed_fm, fm_train, mixture
 
 SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
 REPEATS = 20
+# border solves issued per timed repetition (see the module docstring)
+BACK_TO_BACK = 10
 
 
 def _meshes():
@@ -114,7 +119,9 @@ def _border_case(rec, meshes, dtype):
     batch = _border_batch(n_atoms, dtype)
     single = jax.jit(lambda b: border.solve_batched_border(b, 1e-3, 1e-3))
     ref = single(batch)
-    timings = {"1gpu": time_fn(single, [(batch,)], repeats=REPEATS)}
+    timings = {"1gpu": time_fn(single, [(batch,)], repeats=REPEATS,
+                               calls_per_repeat=BACK_TO_BACK)}
+    single_call = {"1gpu": time_fn(single, [(batch,)], repeats=REPEATS, calls_per_repeat=1)}
     rtol = 1e-4 if dtype == jnp.float32 else 1e-10
     for d, mesh in meshes.items():
         sharded = distributed.shard_border_batch(batch, mesh)
@@ -124,10 +131,14 @@ def _border_case(rec, meshes, dtype):
         check_close(f"border delta_t {d} devices", got.delta_t, ref.delta_t, rtol=rtol,
                     atol=rtol)
         check_close(f"border log_det {d} devices", got.log_det, ref.log_det, rtol=rtol)
-        timings[f"sharded_{d}gpu"] = time_fn(fn, [(sharded,)], repeats=REPEATS)
+        timings[f"sharded_{d}gpu"] = time_fn(fn, [(sharded,)], repeats=REPEATS,
+                                             calls_per_repeat=BACK_TO_BACK)
+        single_call[f"sharded_{d}gpu"] = time_fn(fn, [(sharded,)], repeats=REPEATS,
+                                                 calls_per_repeat=1)
         slots = sharded.plan.local.num_atoms
-    _record_scaling(rec, "border", (n_atoms, 2), jnp.dtype(dtype).name, timings, n_atoms,
-                    "atoms", {"slots_per_device": slots})
+    for case, timed in (("border", timings), ("border_single_call", single_call)):
+        _record_scaling(rec, case, (n_atoms, 2), jnp.dtype(dtype).name, timed, n_atoms,
+                        "atoms", {"slots_per_device": slots})
 
 
 def _fm_case(rec, meshes):
@@ -195,7 +206,7 @@ def run(quick: bool, out=None) -> None:
     rec = Recorder("distributed", out)
     meshes = _meshes()
     print(f"[distributed] devices: {jax.devices()}", flush=True)
-    # cheapest first; fit_em (about 0.2 s per iteration per GPU at k = 256) last
+    # cheapest first; fit_em last
     cases = [("border float64", lambda: _border_case(rec, meshes, jnp.float64)),
              ("fm_train", lambda: _fm_case(rec, meshes)),
              ("fit_em", lambda: _em_case(rec, meshes))]
