@@ -208,8 +208,9 @@ def _check_16bit(got, expected, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("grid", ["graded", "uniform", "random"])
 def test_guide_tables_give_searchsorted_pieces(dtype, grid):
-    # the kernel's rule (bucket as the kernel computes it, then first + (x >= split))
-    # against np.searchsorted at random points and at every breakpoint +- 1 ulp
+    # the kernel's rule (bucket as the kernel computes it, then below + (x >= split),
+    # clipped at 0) against np.searchsorted at random points, every breakpoint +- 1 ulp
+    # and +-inf, NaN
     rng = np.random.default_rng(21)
     t = np.linspace(-1.0, 1.0, 257)
     bp = {"graded": 8.0 * np.sinh(2.5 * t) / np.sinh(2.5), "uniform": 3.0 * t - 1.0,
@@ -219,18 +220,22 @@ def test_guide_tables_give_searchsorted_pieces(dtype, grid):
         assert guide is None or guide[0].shape[0] <= 1024
         if guide is None:
             return
-    first, knots, scale = guide
-    assert first.dtype == np.int32 and knots.dtype == dtype and knots.shape == (first.size, 2)
+    below, split, knots, scale = guide
+    assert below.dtype == np.int32 and split.dtype == knots.dtype == dtype
+    assert split.shape == below.shape and knots.shape == (bp.size - 1,)
     x = np.concatenate([rng.uniform(-9.0, 9.0, 20_000), bp, np.nextafter(bp, np.inf),
-                        np.nextafter(bp, -np.inf), [np.inf, -np.inf]]).astype(dtype)
-    b = np.floor((x - bp[0]) * scale[0])
-    b = np.clip(b, 0, first.size - 1).astype(np.int64)
+                        np.nextafter(bp, -np.inf), [np.inf, -np.inf, np.nan]]).astype(dtype)
     with np.errstate(invalid="ignore"):
-        piece = first[b] + (x >= knots[b, 1])
-    expected = np.clip(np.searchsorted(bp[1:-1], x, side="right"), 0, bp.size - 2)
-    np.testing.assert_array_equal(piece, expected)
-    np.testing.assert_array_equal(np.where(x >= knots[b, 1], knots[b, 1], knots[b, 0]),
+        b = np.floor((x - bp[0]) * scale[0])
+        b = np.where(b == b, np.clip(b, 0, below.size - 1), 0).astype(np.int64)
+        above = x >= split[b]
+    piece = np.maximum(below[b] + above, 0)
+    finite = ~np.isnan(x)
+    expected = np.clip(np.searchsorted(bp[1:-1], x[finite], side="right"), 0, bp.size - 2)
+    np.testing.assert_array_equal(piece[finite], expected)
+    np.testing.assert_array_equal(np.where(above, split[b], knots[piece])[finite],
                                   bp[expected])
+    assert 0 <= piece[~finite].min(initial=0) and piece.max() <= bp.size - 2
 
 
 def test_guide_tables_decline_clustered_breakpoints():
@@ -278,7 +283,7 @@ class TestPiecewiseTritonKernel:
     @pytest.mark.parametrize("dtype, degree", [("float32", 3), ("float32", 0),
                                                ("bfloat16", 2)])
     def test_guided_lookup_float32_tables(self, dtype, degree):
-        # float32: (left knot, split) travel as one 64-bit word (unpaired for degree 0)
+        # float32: (below, split) travel as one 64-bit word (unpaired for degree 0)
         bp = (4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 65)) / np.sinh(2.0)).astype(np.float32)
         c = np.random.default_rng(12).normal(size=(degree + 1, 64)).astype(np.float32)
         x = np.concatenate([np.random.default_rng(13).uniform(-5.0, 5.0, 300), bp,

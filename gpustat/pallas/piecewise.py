@@ -125,17 +125,25 @@ def kernel_tables(breakpoints, coeffs, uniform: bool):
     return keys, rows, params
 
 
-def guide_tables(breakpoints) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def guide_tables(breakpoints) -> tuple[np.ndarray, ...] | None:
     """Tables of the guided piece lookup for concrete breakpoints, or None.
 
     M equal buckets over [x_0, x_P], M the smallest power of two >= max(P, 16) that
     puts at most one interior breakpoint in each bucket, up to 1024 (None beyond:
-    the kernel keeps its search). Returns (first piece (M,) int32, (left knot of
-    that piece, the bucket's breakpoint or NaN) (M, 2), [M / (x_P - x_0)]) in the
-    breakpoints' dtype. A breakpoint's bucket is computed exactly as the kernel
-    computes a point's (same dtype, same two operations, same clipping), and the
-    map is monotone, so points of a bucket lie on either side of that one
-    breakpoint only: the kernel's ``x >= split`` test is exact.
+    the kernel keeps its search). A point x of bucket b lies in piece
+    ``max(below[b] + (x >= split[b]), 0)``, whose left knot is ``split[b]`` when
+    ``x >= split[b]`` and ``knots[piece]`` otherwise:
+
+    * a bucket holding breakpoint x_j: ``split = x_j``, ``below = j - 1``;
+    * a bucket inside piece q: ``split = x_q`` (its left knot; x_0 for q = 0),
+      ``below = q - 1``, so every point of the bucket but a clipped x < x_0 or a
+      NaN takes ``split`` as its knot.
+
+    Returns (below (M,) int32, split (M,), knots = x_0..x_{P-1} (P,),
+    [M / (x_P - x_0)]), floats in the breakpoints' dtype. A breakpoint's bucket is
+    computed exactly as the kernel computes a point's (same dtype, same two
+    operations, same clipping), and the map is monotone, so the points of a bucket
+    lie on either side of its one breakpoint only: the ``x >= split`` test is exact.
     """
     bp = np.asarray(breakpoints)
     lo, hi, interior = bp[0], bp[-1], bp[1:-1]
@@ -145,10 +153,11 @@ def guide_tables(breakpoints) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
         bucket = np.clip(np.floor((interior - lo) * scale[0]), 0, buckets - 1).astype(np.int64)
         counts = np.bincount(bucket, minlength=buckets)
         if counts.max(initial=0) <= 1:
-            first = (np.cumsum(counts) - counts).astype(np.int32)
-            split = np.full(buckets, np.nan, bp.dtype)
+            first = np.cumsum(counts) - counts  # piece at the bucket's left edge
+            split = bp[first].copy()
             split[bucket] = interior
-            return first, np.stack([bp[first], split], axis=1), scale
+            below = (first - 1 + counts).astype(np.int32)
+            return below, split, bp[:-1].copy(), scale
         buckets *= 2
     return None
 

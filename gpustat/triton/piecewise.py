@@ -214,51 +214,51 @@ def _staged_coefficient(columns, k: tl.constexpr, index, PAIRED: tl.constexpr):
 
 
 @triton.jit
-def _bucket_tables(bucket_piece_ptr, bucket_knots_ptr, BUCKETS: tl.constexpr,
-                   PAIRED: tl.constexpr):
-    """The guide tables in registers: (first piece, knots, second).
+def _bucket_tables(below_ptr, split_ptr, knots_ptr, NUM_PIECES: tl.constexpr,
+                   BUCKETS: tl.constexpr, TABLE: tl.constexpr, PAIRED: tl.constexpr):
+    """The guide tables in registers: (below, split, knots) of ``guide_tables``.
 
-    Paired (float32): knots is one 64-bit word per bucket, the left knot in the low
-    half and the split in the high half, and second repeats it (unused). Otherwise
-    knots and second are the left-knot and split columns.
+    Paired (float32): below and split travel as one 64-bit word per bucket (below in
+    the low half), returned as the first entry; the second repeats it (unused).
     """
     slots = tl.arange(0, BUCKETS)
-    piece = tl.load(bucket_piece_ptr + slots)
+    below = tl.load(below_ptr + slots)
+    split = tl.load(split_ptr + slots)
     if PAIRED:
-        knots = tl.load(bucket_knots_ptr.to(tl.pointer_type(tl.uint64)) + slots)
-        second = knots
-    else:
-        knots = tl.load(bucket_knots_ptr + 2 * slots)
-        second = tl.load(bucket_knots_ptr + 2 * slots + 1)
-    return piece, knots, second
+        below = (below.to(tl.uint32, bitcast=True).to(tl.uint64)
+                 | (split.to(tl.uint32, bitcast=True).to(tl.uint64) << 32))
+        split = below
+    table = tl.arange(0, TABLE)
+    knots = tl.load(knots_ptr + table, mask=table < NUM_PIECES, other=0)
+    return below, split, knots
 
 
 @triton.jit
 def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: tl.constexpr):
-    """(piece index, its left knot) of each x from the guide tables.
+    """(piece index, its left knot) of each x from the guide tables (``guide_tables``).
 
     Bucket b = floor((x - x_0) * M / (x_P - x_0)) clipped to [0, M - 1] (0 for NaN);
-    ``guide_tables`` (:mod:`gpustat.pallas.piecewise`) computed b for every interior
-    breakpoint with the same arithmetic, so at most one breakpoint (``split``; NaN
-    for none, which compares false) can lie on either side of the points of a
-    bucket: piece = first + (x >= split).
+    piece = max(below + (x >= split), 0). Its knot is split where x >= split (nearly
+    every point); the other lanes look it up in ``knots``, and the lanes that do not
+    need it read entry 0 (a broadcast, no bank conflict).
     """
     bucket = _grid_cell(x, lo, bucket_scale, BUCKETS)
-    first = tl.gather(buckets[0], bucket, 0)
     if PAIRED:
-        word = tl.gather(buckets[1], bucket, 0)
-        left = word.to(tl.uint32).to(tl.float32, bitcast=True)
+        word = tl.gather(buckets[0], bucket, 0)
+        below = word.to(tl.uint32).to(tl.int32, bitcast=True)
         split = (word >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
     else:
-        left = tl.gather(buckets[1], bucket, 0)
-        split = tl.gather(buckets[2], bucket, 0)
-    index = first + tl.where(x >= split, 1, 0)
-    return index, tl.where(index != first, split, left)
+        below = tl.gather(buckets[0], bucket, 0)
+        split = tl.gather(buckets[1], bucket, 0)
+    above = x >= split
+    index = tl.maximum(below + tl.where(above, 1, 0), 0)
+    left = tl.gather(buckets[2], tl.where(above, 0, index), 0)
+    return index, tl.where(above, split, left)
 
 
 @triton.jit
-def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, bucket_piece_ptr,
-                              bucket_knots_ptr, bucket_scale_ptr, out_ptr,
+def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, split_ptr,
+                              knots_ptr, bucket_scale_ptr, out_ptr,
                               SIZE: tl.constexpr, NUM_PIECES: tl.constexpr,
                               DEGREE: tl.constexpr, WIDTH: tl.constexpr, LEVELS: tl.constexpr,
                               UNIFORM: tl.constexpr, MODE: tl.constexpr,
@@ -274,8 +274,9 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, bucket_piec
     lo = tl.load(params_ptr)
     hi = tl.load(params_ptr + 1)
     scale = tl.load(params_ptr + 2)
-    if BUCKETS > 0:  # guided: per bucket its first piece and (left knot, split)
-        buckets = _bucket_tables(bucket_piece_ptr, bucket_knots_ptr, BUCKETS, PAIRED)
+    if BUCKETS > 0:  # guided: per bucket (below, split), and the pieces' left knots
+        buckets = _bucket_tables(below_ptr, split_ptr, knots_ptr, NUM_PIECES, BUCKETS, TABLE,
+                                 PAIRED)
         bucket_scale = tl.load(bucket_scale_ptr)
     else:
         slots = tl.arange(0, KEYS)
@@ -387,8 +388,8 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
 
 @functools.cache
 def _batched_launcher(config: tuple):
-    """``(keys, rows, params, first, knots, scale, x) -> y`` for one static config, with
-    a vmap rule (``first, knots, scale``: ``guide_tables``, or placeholders).
+    """``(keys, rows, params, below, split, knots, scale, x) -> y`` for one static config,
+    with a vmap rule (``below, split, knots, scale``: ``guide_tables``, or placeholders).
 
     Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
     flattened points; batched tables (rare) launch once per batch element.
@@ -397,7 +398,7 @@ def _batched_launcher(config: tuple):
      chunks, guided) = config
 
     @jax.custom_batching.custom_vmap
-    def evaluate(keys, rows, params, first, knots, scale, x):
+    def evaluate(keys, rows, params, below, split, knots, scale, x):
         size = x.shape[0]
         trailing = rows.shape[:-2]
         if size == 0:
@@ -409,11 +410,11 @@ def _batched_launcher(config: tuple):
         settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
                              degree=degree, extrapolate=extrapolate, uniform=uniform,
                              block_n=block_n, staged=staged, chunks=chunks,
-                             buckets=first.shape[0] if guided else 0)
+                             buckets=below.shape[0] if guided else 0)
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         per_program = settings["BLOCK_N"] * settings.get("CHUNKS", 1)
-        operands = (x, keys, rows, params, first, knots, scale) if staged else (x, keys, rows,
-                                                                                 params)
+        operands = ((x, keys, rows, params, below, split, knots, scale) if staged
+                    else (x, keys, rows, params))
         y = launch(kernel, operands,
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
                    (triton.cdiv(size, per_program),),
@@ -422,9 +423,9 @@ def _batched_launcher(config: tuple):
         return y.reshape((size, *trailing))
 
     @evaluate.def_vmap
-    def _vmap(axis_size, in_batched, keys, rows, params, first, knots, scale, x):
+    def _vmap(axis_size, in_batched, keys, rows, params, below, split, knots, scale, x):
         *tables_batched, x_batched = in_batched
-        tables = (keys, rows, params, first, knots, scale)
+        tables = (keys, rows, params, below, split, knots, scale)
         if not any(tables_batched):
             x = x if x_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
             y = evaluate(*tables, x.reshape(-1))
@@ -481,12 +482,11 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         raise ValueError(f"tables='shared' needs one polynomial and P <= {_STAGED_MAX_PIECES}, "
                          f"got {rows.shape=}")
     if guide is None:  # placeholders: the kernel reads them only when guided
-        guide = (jnp.zeros((1,), jnp.int32), jnp.zeros((1, 2), rows.dtype),
-                 jnp.zeros((1,), rows.dtype))
+        guide = (jnp.zeros((1,), jnp.int32), *(jnp.zeros((1,), rows.dtype),) * 3)
         guided = False
     else:
         guided = True
-        if len(guide) != 3 or guide[1].dtype != rows.dtype:
+        if len(guide) != 4 or any(g.dtype != rows.dtype for g in guide[1:]):
             raise ValueError(f"guide must be guide_tables(breakpoints) in {rows.dtype}")
     config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
               chunks, guided)
@@ -518,7 +518,7 @@ def _compile_cases() -> tuple[CompileCase, ...]:
         name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{lookup},{extrapolate},"
                 f"{'shared' if staged else f't={polys}'},n={size}]")
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
-        guide = (jnp.int32, dtype, dtype) if staged else ()
+        guide = (jnp.int32, dtype, dtype, dtype) if staged else ()
         cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, *guide, x_dtype),
                                  settings, default_launch(dtype, size, staged)[1]))
     return tuple(cases)
