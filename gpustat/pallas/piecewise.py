@@ -87,8 +87,9 @@ def _search_levels(num_pieces: int) -> int:
     return (num_pieces - 1).bit_length()
 
 
-# Most buckets of the guided lookup (guide_tables): 1024 int32 + 64-bit words are 24
-# registers a thread at 4 warps before the Triton kernel stages them.
+# Most buckets of the guided lookup (guide_tables): 1024 (below, split) pairs, one
+# 64-bit word each in float32, are 16 registers a thread at 4 warps before the Triton
+# kernel stages them.
 _GUIDE_MAX_BUCKETS = 1024
 
 

@@ -9,8 +9,10 @@ index is found once per point:
 
 * guided (concrete breakpoints, :func:`gpustat.pallas.piecewise.guide_tables`;
   shared-memory kernel): the point's bucket on a grid of up to 1024 equal
-  buckets, each holding at most one interior breakpoint, gives its piece with
-  two lookups, ``first[b] + (x >= split[b])``, whatever the grading;
+  buckets, each holding at most one interior breakpoint, gives its piece as
+  ``below[b] + (x >= split[b])`` (one 64-bit lookup in float32) and its left knot
+  as ``split[b]``, or ``knots[piece]`` for the points of a bucket below its
+  breakpoint (the only lanes whose knot gather is random), whatever the grading;
 * uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
   comparison with each neighbouring breakpoint makes it exact;
 * otherwise ``node = 2 * node + (key[node] <= x)`` for ceil(log2 P) levels over
@@ -465,7 +467,7 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
             kernel (tables read once per program, next block's x prefetched).
         guide: :func:`gpustat.pallas.piecewise.guide_tables` of the breakpoints,
             or None. The shared-memory kernel then finds a point's piece from its
-            bucket (two lookups) instead of the uniform guess or the Eytzinger
+            bucket (``below``, ``split``) instead of the uniform guess or the Eytzinger
             search of ``keys``.
 
     Returns:
