@@ -230,6 +230,18 @@ def _row_bump(h, ridge, d, unit_roundoff):
     return gershgorin_ridge_bump(gap, jnp.maximum(scale, 1.0), radius, ridge, d, unit_roundoff)
 
 
+def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
+    """Gershgorin bump of the atom's first failing row (0 when none): its ``H_tt`` block
+    is read again, broadcast over ``R`` lanes (a failing row is rare; keeping every
+    row's bump in the chunk loop cost a reduction per chunk)."""
+    first_bad = first_bad + jnp.zeros((R,), jnp.int32)
+    failed = first_bad < _NO_ROW
+    row = row0 + jnp.where(failed, first_bad, 0)
+    h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, failed, 1.0 if p == q else 0.0)
+         for p in range(d) for q in range(p + 1)}
+    return jnp.max(jnp.where(failed, _row_bump(h, ridge, d, unit_roundoff), 0.0))
+
+
 def _gram(Y):
     """``Y^T Y`` of an ``(R, K)`` tile as one 2-D dot, full precision."""
     return jax.lax.dot_general(Y, Y, (((0,), (0,)), ((), ())),
@@ -283,37 +295,41 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
     ck = jnp.arange(K, dtype=jnp.int32)
     col_ok = ck < k
 
+    # Only S is reduced per chunk (the dots); the other statistics accumulate per lane,
+    # (R,) or (R, K), and are reduced once per atom: a cross-lane reduction per chunk
+    # and statistic had made the chunk loop a chain of shuffles and barriers.
     def chunk(c, carry):
-        S, rhs, log_det, first_bad, bump, probe = carry
+        S, rhs, log_det, bad, probe = carry
         local = c * R + jnp.arange(R, dtype=jnp.int32)
         row_ok, h, g, B = _load_rows((htt_ref, htb_ref, gt_ref), row0, local, n, k, cross0,
                                      d, K)
         _, _, pivots, Y, u = _whiten(row_ok, h, g, B, ridge_t, d)
-        # Row failures: first failing row of the chunk and its Gershgorin bump.
         good = row_ok
         for pivot in pivots:
             good = good & (pivot > 0)
-            log_det += jnp.sum(jnp.where(row_ok, jnp.log(pivot), 0.0))
-        failing = jnp.min(jnp.where(row_ok & ~good, local, _NO_ROW))
-        chunk_bump = jnp.sum(jnp.where(local == failing,
-                                       _row_bump(h, ridge_t, d, unit_roundoff), 0.0))
-        bump = jnp.where(failing < first_bad, chunk_bump, bump)
-        first_bad = jnp.minimum(first_bad, failing)
-        for x in [*h.values(), *g, *B]:
-            probe += _nan_probe(x)
-        # S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
+            log_det += jnp.where(row_ok, jnp.log(pivot), 0.0)
+        bad = jnp.minimum(bad, jnp.where(row_ok & ~good, local, _NO_ROW))
+        for x in [*h.values(), *g]:
+            probe += (x * 0.0)[:, None]
         for p in range(d):
+            probe += B[p] * 0.0
+            # S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
             S -= _gram(Y[p])
-            rhs += jnp.sum(Y[p] * u[p][:, None], axis=0)
-        return S, rhs, log_det, first_bad, bump, probe
+            rhs += Y[p] * u[p][:, None]
+        return S, rhs, log_det, bad, probe
 
-    carry = (jnp.zeros((K, K), dtype), jnp.zeros((K,), dtype), jnp.zeros((), dtype),
-             jnp.int32(_NO_ROW), jnp.zeros((), dtype), jnp.zeros((), dtype))
+    carry = (jnp.zeros((K, K), dtype), jnp.zeros((R, K), dtype), jnp.zeros((R,), dtype),
+             jnp.full((R,), _NO_ROW, jnp.int32), jnp.zeros((R, K), dtype))
     if streamed:
         carry = jax.lax.fori_loop(0, (n + R - 1) // R, chunk, carry)
     else:
         carry = chunk(0, carry)
-    S, rhs, log_det, first_bad, row_bump, probe = carry
+    S, rhs, log_det, bad, probe = carry
+    rhs = jnp.sum(rhs, axis=0)
+    log_det = jnp.sum(log_det)
+    first_bad = jnp.min(bad)
+    probe = _nan_probe(probe)
+    row_bump = _failing_row_bump(htt_ref, row0, first_bad, ridge_t, d, R, unit_roundoff)
 
     # Border: S0 = H_bb - sum Y^T Y (unridged, for the bump), then ridge; padding is I.
     ii, jj = ck[:, None], ck[None, :]

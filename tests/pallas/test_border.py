@@ -152,6 +152,26 @@ class TestBorderKernel(KernelTests):
         assert int(fixed.status[0]) == 0
         assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
 
+    def test_first_failing_row_of_a_streamed_atom(self):
+        """Rows 37 and 21 of a 40-row atom indefinite, 16-row chunks: the kernel reports
+        row 21 (third chunk) and its bump, as the reference does; the PD atom beside it
+        is solved."""
+        rng = np.random.default_rng(5)
+        atoms = [random_pd_atom(rng, 40, 2, 5), random_pd_atom(rng, 17, 2, 3)]
+        H_tt = atoms[0][0].copy()
+        H_tt[37] = -np.eye(2)
+        H_tt[21] = np.array([[1.0, 3.0], [3.0, 1.0]])
+        atoms[0] = (H_tt, *atoms[0][1:])
+        b = batch_of(atoms)
+        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
+                                  np.zeros(2), np.zeros(2),
+                                  interpret=self.backend == "interpret", config=STREAMING)
+        got = type(solve_batched_border(b, 0.0, 0.0, backend="reference"))(*out, layout=b.layout)
+        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
+        np.testing.assert_array_equal(got.status, [1, 0])
+        np.testing.assert_array_equal(got.row, [21, -1])
+        assert_same_solution(got, want, rtol=1e-12)
+
     def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
         """Stage 2's batched Cholesky fails for atom 0 only (status 2 with the reference's
         bump); the retry with that bump then solves it, matching the dense oracle."""
