@@ -49,12 +49,14 @@ BENCH_ATOMS = 100_000
 # back_rows, back_warps). Row pass: one program per atom (K = 16 for k_a in [4, 12];
 # one-chunk buckets of 16, 32, 64 rows, longer atoms streamed in chunks of the cap), now
 # without the Schur Cholesky; back substitution: one program per chunk of back_rows rows.
-# Measured (H100, 78d3496): r16 5.25 ms, r32 6.86 ms, r64 14.0-14.3 ms; r128 51.9 ms
-# (79e89cb). --quick runs the first five, the default first.
+# Measured (H100, 761edcf, 10 back to back): r16 at 2 warps 3.87 ms, at 1 warp 4.30 ms,
+# r32 29.4 ms, r64 45.8 ms (the row pass's per-lane accumulators spill past 16 rows);
+# with per-chunk reductions (78d3496, one call per repetition) r16 5.25 ms, r32 6.86 ms.
+# --quick runs the first five, the default first.
 CONFIGS = {
+    "r16_e128_b32w1": KernelConfig(4096, 16, 128, 4, 32, 1),
     "r16_b32w1": KernelConfig(4096, 16, 512, 4, 32, 1),
     "r16_b16w1": KernelConfig(4096, 16, 512, 4, 16, 1),
-    "r16_e128_b32w1": KernelConfig(4096, 16, 128, 4, 32, 1),
     "r32_b32w1": KernelConfig(4096, 32, 512, 4, 32, 1),
     "r64_b32w1": KernelConfig(4096, 64, 512, 4, 32, 1),
     "r64_b64w2": KernelConfig(4096, 64, 512, 4, 64, 2),

@@ -75,15 +75,17 @@ class KernelConfig:
     substitution takes chunks of ``back_rows`` rows (capped the same way) at
     ``back_warps`` warps.
 
-    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], commit 78d3496,
-    ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``): 16-row cap 5.25 ms, 32-row
-    6.86 ms, 64-row 14.0-14.3 ms (16, 32 or 64-row back chunks alike); 128-row 51.9 ms
-    (79e89cb).
+    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], 10 solves back
+    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit 761edcf):
+    16-row cap at 2 warps (``elems_per_warp = 128``) 3.87 ms, at 1 warp 4.30 ms; a 32-row
+    cap 29.4 ms and 64-row 45.8 ms, where the per-lane ``(rows, K)`` accumulators of the
+    row pass spill (with per-chunk reductions, 78d3496: 16-row 5.25 ms, 32-row 6.86 ms,
+    one call per repetition).
     """
 
     tile_elems: int = 4096
     max_block_rows: int = 16
-    elems_per_warp: int = 512
+    elems_per_warp: int = 128
     max_warps: int = 4
     back_rows: int = 32
     back_warps: int = 1
