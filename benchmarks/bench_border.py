@@ -206,8 +206,8 @@ def run(quick: bool, out: Path | None) -> None:
                   flush=True)
             continue
         rec.record(f"solve_{name}", shape=shape, dtype="float64", backend="pallas",
-                         timing=timing, bytes_moved=nbytes, items=b, item_name="atoms",
-                         extra={"config": name})
+                   timing=timing, bytes_moved=nbytes, items=b, item_name="atoms",
+                   extra={"config": name})
         if best is None or timing.median_ms < best[1].median_ms:
             best = (name, timing, kernel)
     stage_breakdown(rec, batch, CONFIGS[best[0]] if best else KernelConfig())

@@ -236,11 +236,9 @@ def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
     """Gershgorin bump of the atom's first failing row (0 when none): its ``H_tt`` block
     is read again, broadcast over ``R`` lanes (a failing row is rare; keeping every
     row's bump in the chunk loop cost a reduction per chunk)."""
-    first_bad = first_bad + jnp.zeros((R,), jnp.int32)
-    failed = first_bad < _NO_ROW
-    row = row0 + jnp.where(failed, first_bad, 0)
-    h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, failed, 1.0 if p == q else 0.0)
-         for p in range(d) for q in range(p + 1)}
+    lane_bad = first_bad + jnp.zeros((R,), jnp.int32)
+    failed = lane_bad < _NO_ROW
+    h = _load_row_blocks(htt_ref, row0 + jnp.where(failed, lane_bad, 0), failed, d)
     return jnp.max(jnp.where(failed, _row_bump(h, ridge, d, unit_roundoff), 0.0))
 
 
@@ -251,6 +249,13 @@ def _gram(Y):
                                preferred_element_type=Y.dtype)
 
 
+def _load_row_blocks(htt_ref, row, row_ok, d):
+    """Lower entries ``h[(p, q)]`` (p >= q) of the rows' ``H_tt`` blocks as ``(R,)``
+    vectors; rows not ``row_ok`` read as identity blocks."""
+    return {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
+            for p in range(d) for q in range(p + 1)}
+
+
 def _load_rows(refs, row0, local, n, k, cross0, d, K):
     """Rows ``row0 + local`` (``local < n`` valid): lower ``H_tt`` entries and ``g_t`` as
     ``(R,)`` vectors, ``H_tb`` as one ``(R, K)`` tile per latent coordinate ``p`` (row
@@ -259,8 +264,7 @@ def _load_rows(refs, row0, local, n, k, cross0, d, K):
     row_ok = local < n
     row = row0 + local
     ck = jnp.arange(K, dtype=jnp.int32)
-    h = {(p, q): _load(htt_ref, row * (d * d) + p * d + q, row_ok, 1.0 if p == q else 0.0)
-         for p in range(d) for q in range(p + 1)}
+    h = _load_row_blocks(htt_ref, row, row_ok, d)
     g = [_load(gt_ref, row * d + p, row_ok, 0.0) for p in range(d)]
     tile_ok = row_ok[:, None] & (ck < k)[None, :]
     B = [_load(htb_ref, cross0 + (local[:, None] * d + p) * k + ck[None, :], tile_ok, 0.0)
