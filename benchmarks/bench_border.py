@@ -127,13 +127,14 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
 
     @jax.jit
     def rows(arrays):
-        return [kernels._row_pass(lay, K, atoms, arrays, ridges, ridges, config=config,
+        return [kernels._row_pass(lay, K, atoms, arrays, ridges, config=config,
                                   interpret=False, spare=0) for K, atoms in groups.items()]
 
     def schur_with(unrolled):
         @jax.jit
         def schur(passes):
-            return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), *stats,
+            return [kernels._schur_solve(S, r, jnp.asarray(lay.k_dims[atoms]), ridges[atoms],
+                                         *stats,
                                          unrolled=unrolled and K <= kernels.MAX_UNROLLED_K)[0]
                     for (S, r, stats), (K, atoms) in zip(passes, groups.items())]
         return schur

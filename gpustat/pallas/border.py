@@ -50,6 +50,7 @@ from gpustat.reference.border import (
     STATUS_OK,
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
+    gershgorin_bounds,
     gershgorin_ridge_bump,
 )
 
@@ -234,12 +235,14 @@ def _row_bump(h, ridge, d, unit_roundoff):
 
 def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
     """Gershgorin bump of the atom's first failing row (0 when none): its ``H_tt`` block
-    is read again, broadcast over ``R`` lanes (a failing row is rare; keeping every
-    row's bump in the chunk loop cost a reduction per chunk)."""
-    lane_bad = first_bad + jnp.zeros((R,), jnp.int32)
-    failed = lane_bad < _NO_ROW
-    h = _load_row_blocks(htt_ref, row0 + jnp.where(failed, lane_bad, 0), failed, d)
-    return jnp.max(jnp.where(failed, _row_bump(h, ridge, d, unit_roundoff), 0.0))
+    is read again, broadcast over ``R`` lanes, only in atoms that have one (a failing row
+    is rare; keeping every row's bump in the chunk loop cost a reduction per chunk)."""
+    def bump():
+        lane_bad = first_bad + jnp.zeros((R,), jnp.int32)
+        h = _load_row_blocks(htt_ref, row0 + lane_bad, lane_bad >= 0, d)
+        return jnp.max(_row_bump(h, ridge, d, unit_roundoff))
+
+    return jax.lax.cond(first_bad < _NO_ROW, bump, lambda: ridge * 0.0)
 
 
 def _gram(Y):
@@ -288,18 +291,22 @@ def _whiten(row_ok, h, g, B, ridge_t, d):
 
 def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
     """Stage 1 for one atom: ``S``, ``r`` and the row statistics (module docstring)."""
-    # refs: 8 inputs, then (after the first bucket of a K group) the 7 aliased outputs,
+    # refs: 7 inputs, then (after the first bucket of a K group) the 6 aliased outputs,
     # then the outputs.
-    meta_ref, ridge_t_ref, ridge_b_ref, htt_ref, htb_ref, gt_ref, hbb_ref, gb_ref = refs[:8]
-    S_ref, r_ref, ld_ref, bad_ref, row_bump_ref, schur_bump_ref, probe_ref = refs[-7:]
+    meta_ref, ridge_t_ref, htt_ref, htb_ref, gt_ref, hbb_ref, gb_ref = refs[:7]
+    S_ref, r_ref, ld_ref, bad_ref, row_bump_ref, probe_ref = refs[-6:]
     R = block_rows
     dtype = ld_ref.dtype
     base = pl.program_id(0) * _ROW_META
     atom, pos, row0, n, k, cross0, hbb0, gb0 = (meta_ref[base + f] for f in range(_ROW_META))
     ridge_t = ridge_t_ref[atom]
-    ridge_b = ridge_b_ref[atom]
     ck = jnp.arange(K, dtype=jnp.int32)
     col_ok = ck < k
+    # The border is loaded before the chunk loop, so its latency overlaps the rows'.
+    ii, jj = ck[:, None], ck[None, :]
+    border_ok = col_ok[:, None] & col_ok[None, :]
+    H_bb = _load(hbb_ref, hbb0 + jnp.maximum(ii, jj) * k + jnp.minimum(ii, jj), border_ok, 0.0)
+    g_b = _load(gb_ref, gb0 + ck, col_ok, 0.0)
 
     # Only S is reduced per chunk (the dots); the other statistics accumulate per lane,
     # (R,) or (R, K), and are reduced once per atom: a cross-lane reduction per chunk
@@ -337,21 +344,10 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
     probe = _nan_probe(probe)
     row_bump = _failing_row_bump(htt_ref, row0, first_bad, ridge_t, d, R, unit_roundoff)
 
-    # Border: S0 = H_bb - sum Y^T Y (unridged, for the bump), then ridge; padding is I.
-    ii, jj = ck[:, None], ck[None, :]
-    border_ok = col_ok[:, None] & col_ok[None, :]
-    H_bb = _load(hbb_ref, hbb0 + jnp.maximum(ii, jj) * k + jnp.minimum(ii, jj), border_ok, 0.0)
-    g_b = _load(gb_ref, gb0 + ck, col_ok, 0.0)
+    # S0 = H_bb - sum Y^T Y, unridged with zero padding: the Schur solve adds the ridge
+    # and the padding's identity and takes the Gershgorin bump from it.
     probe += _nan_probe(H_bb) + _nan_probe(g_b)
     S += H_bb
-    diag_S = jnp.sum(jnp.where(ii == jj, S, 0.0), axis=1)
-    off_S = jnp.sum(jnp.where(border_ok, jnp.abs(S), 0.0), axis=1) - jnp.abs(diag_S)
-    schur_bump = gershgorin_ridge_bump(
-        jnp.min(jnp.where(col_ok, diag_S - off_S, jnp.inf)),
-        jnp.maximum(1.0, jnp.max(jnp.where(col_ok, jnp.abs(diag_S), 0.0))),
-        jnp.max(jnp.where(col_ok, jnp.abs(diag_S) + off_S, 0.0)),
-        ridge_b, k.astype(dtype), unit_roundoff)
-    S += jnp.where(ii == jj, jnp.where(col_ok, ridge_b, 1.0)[:, None], 0.0)
 
     whole = ck >= 0  # all-true mask: S and r are stored whole, padding included
     _store(S_ref, pos * (K * K) + ii * K + jj, S, whole[:, None] & whole[None, :])
@@ -359,7 +355,6 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
     ld_ref[pos] = log_det
     bad_ref[pos] = first_bad
     row_bump_ref[pos] = row_bump
-    schur_bump_ref[pos] = schur_bump
     probe_ref[pos] = probe
 
 
@@ -415,8 +410,11 @@ def _batched_cholesky_solve(S, rhs):
     return x[..., 0], jnp.diagonal(L_S, axis1=-2, axis2=-1)
 
 
-def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe, *, unrolled):
-    """Stage 2 for the ``(B, K, K)`` Schur complements of one ``K`` group (XLA).
+def _schur_solve(S0, rhs, k, ridge_beta, row_log_det, first_bad, row_bump, probe, *,
+                 unrolled):
+    """Stage 2 for the unridged ``(B, K, K)`` Schur complements ``S0`` (zero padding) of
+    one ``K`` group (XLA): the Gershgorin bump of ``S0`` (spec B.5), then the solve with
+    ``S = S0 + ridge_beta I`` and identity padding.
 
     ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path for K <= 16: 0.62
     vs 1.57 ms for the batched LAPACK-style calls on the H100 at B = 100k, K = 16) or
@@ -425,9 +423,14 @@ def _schur_solve(S, rhs, k, row_log_det, first_bad, row_bump, schur_bump, probe,
     ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``, ``status``, ``row`` and
     ``bump``, each ``(B,)``. A non-positive-definite ``S`` shows as a NaN or zero pivot on
     the Cholesky diagonal (only that atom's)."""
+    real = jnp.arange(S0.shape[-1])[None, :] < k[:, None]
+    unit_roundoff = float(jnp.finfo(S0.dtype).eps) / 2
+    schur_bump = gershgorin_ridge_bump(*jax.vmap(gershgorin_bounds)(S0, real), ridge_beta,
+                                       k.astype(S0.dtype), unit_roundoff)
+    S = S0 + jnp.where(real, ridge_beta[:, None], 1.0)[:, :, None] * jnp.eye(S0.shape[-1],
+                                                                             dtype=S0.dtype)
     solve = _unrolled_cholesky_solve if unrolled else _batched_cholesky_solve
     delta_beta, diag = solve(S, rhs)
-    real = jnp.arange(S.shape[-1])[None, :] < k[:, None]
     schur_bad = jnp.any(real & ~(diag > 0), axis=-1)
     log_det = row_log_det + 2 * jnp.sum(jnp.where(real, jnp.log(diag), 0.0), axis=-1)
     # probe is NaN exactly when some input entry the solve reads is not finite.
@@ -456,12 +459,12 @@ def _call(kernel, inputs, outputs, *, interpret, num_warps, programs):
     return call(*inputs) if fresh else call(*inputs, *outputs)
 
 
-def _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, *, config, interpret, spare):
+def _row_pass(layout, K, atoms, arrays, ridge_t, *, config, interpret, spare):
     """Stage 1 over the atoms of one ``K`` group; returns the per-position statistics."""
     dtype = arrays[0].dtype
     B = atoms.size
-    sizes = (B * K * K, B * K, B, B, B, B, B)
-    dtypes = (dtype, dtype, dtype, jnp.int32, dtype, dtype, dtype)
+    sizes = (B * K * K, B * K, B, B, B, B)
+    dtypes = (dtype, dtype, dtype, jnp.int32, dtype, dtype)
     outputs = [jax.ShapeDtypeStruct((s + spare,), t) for s, t in zip(sizes, dtypes)]
     position = np.empty(layout.num_atoms, dtype=np.int64)
     position[atoms] = np.arange(B)
@@ -471,7 +474,7 @@ def _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, *, config, interpre
         kernel = functools.partial(
             _row_pass_kernel, d=layout.d, K=K, block_rows=bucket.block_rows,
             streamed=bucket.streamed, unit_roundoff=float(jnp.finfo(dtype).eps) / 2)
-        outputs = _call(kernel, (meta, ridge_t, ridge_beta, *arrays), outputs,
+        outputs = _call(kernel, (meta, ridge_t, *arrays), outputs,
                         interpret=interpret, programs=members.size,
                         num_warps=config.num_warps(bucket.block_rows, K))
     S, r, *stats = (out[:s] for out, s in zip(outputs, sizes))
@@ -512,10 +515,11 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     per_group, order, beta_pad, beta_base = [], [], [], 0
     beta_index = np.zeros(int(layout.border_offsets[-1]), dtype=np.int64)
     for K, atoms in _group_positions(layout).items():
-        S, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, ridge_beta, config=config,
-                                interpret=interpret, spare=spare)
-        delta_beta, *per_atom = _schur_solve(S, r, jnp.asarray(layout.k_dims[atoms]), *stats,
-                                               unrolled=not interpret and K <= MAX_UNROLLED_K)
+        S0, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, config=config,
+                                 interpret=interpret, spare=spare)
+        delta_beta, *per_atom = _schur_solve(S0, r, jnp.asarray(layout.k_dims[atoms]),
+                                             ridge_beta[atoms], *stats,
+                                             unrolled=not interpret and K <= MAX_UNROLLED_K)
         delta_t = _back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t,
                                      config=config, interpret=interpret)
         per_group.append(per_atom)
