@@ -6,10 +6,13 @@
    row's ``d x d`` Cholesky and forward substitution run elementwise over the rows
    (unrolled over the static ``d``), and ``sum_i Y_i^T Y_i`` is ``d`` two-dimensional
    ``(K, rows) @ (rows, K)`` dots (tensor-core DMMA for float64 on Hopper, IEEE float32
-   otherwise). The program writes the ridged Schur complement ``S`` (``K x K``), the
-   reduced right-hand side ``r = sum_i Y_i^T u_i - g_b``, the rows' log-determinant,
-   the first failing row and its bump, the Schur bump and a NaN probe of its inputs.
-2. **Schur solve** (XLA, per ``K``): for ``K = 16`` on a GPU the Cholesky of every ``S``
+   otherwise). The program writes the unridged Schur complement ``S0 = H_bb - sum_i
+   Y_i^T Y_i`` (``K x K``, zero padding), the reduced right-hand side ``r = sum_i Y_i^T
+   u_i - g_b``, the rows' log-determinant, the first failing row and its bump (computed
+   only in atoms that have one) and a NaN probe of its inputs.
+2. **Schur solve** (XLA, per ``K``): the Gershgorin bump of ``S0``, then
+   ``S = S0 + ridge_beta I`` (identity padding); for ``K = 16`` on a GPU the Cholesky of
+   every ``S``
    and both triangular solves, unrolled over the static ``K`` on ``(B,)`` vectors of atoms
    (every step elementwise across atoms, which XLA fuses: 0.62 ms on the H100 at
    B = 100k against 1.57 ms for ``lax.linalg.cholesky`` + two batched triangular solves);
@@ -77,11 +80,11 @@ class KernelConfig:
     ``back_warps`` warps.
 
     Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], 10 solves back
-    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit 761edcf):
-    16-row cap at 2 warps (``elems_per_warp = 128``) 3.87 ms, at 1 warp 4.30 ms; a 32-row
-    cap 29.4 ms and 64-row 45.8 ms, where the per-lane ``(rows, K)`` accumulators of the
-    row pass spill (with per-chunk reductions, 78d3496: 16-row 5.25 ms, 32-row 6.86 ms,
-    one call per repetition).
+    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit f85dc64):
+    16-row cap at 2 warps (``elems_per_warp = 128``) 3.66 ms, at 1 warp 4.27 ms, at 4
+    warps 4.24 ms (A/B); a 32-row cap 30.4 ms and 64-row 45.5 ms, where the per-lane
+    ``(rows, K)`` accumulators of the row pass spill (with per-chunk reductions, 78d3496:
+    16-row 5.25 ms, 32-row 6.86 ms, one call per repetition).
     """
 
     tile_elems: int = 4096
