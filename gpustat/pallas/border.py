@@ -248,6 +248,26 @@ def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
     return jax.lax.cond(first_bad < _NO_ROW, bump, lambda: ridge * 0.0)
 
 
+def _binary_parts(x):
+    """``(m, e)`` with ``x = m * 2**e``, ``m`` in ``[1, 2)`` and integer ``e``, for positive
+    finite ``x``, from the bits of ``x``: the row pass multiplies pivots instead of summing
+    their logarithms, whose float64 polynomial was a third of its chunk loop. A subnormal
+    ``x`` is rebuilt from its integer fraction (exact, and immune to flush-to-zero
+    arithmetic); ``+inf`` gives ``m = inf``; zero, negative and NaN ``x`` give garbage
+    (their atoms fail and report NaN)."""
+    ftype = x.dtype
+    itype, mbits = (jnp.int64, 52) if ftype == jnp.float64 else (jnp.int32, 23)
+    bias = int(jnp.finfo(ftype).maxexp) - 1
+    bits = jax.lax.bitcast_convert_type(x, itype)
+    fraction = bits & ((1 << mbits) - 1)
+    subnormal = (bits >> mbits) == 0  # x = fraction * 2**(1 - bias - mbits)
+    y = jnp.where(subnormal, fraction.astype(ftype), x)
+    bits = jax.lax.bitcast_convert_type(y, itype)
+    e = (bits >> mbits) - bias + jnp.where(subnormal, 1 - bias - mbits, 0).astype(itype)
+    m = jax.lax.bitcast_convert_type((bits & ((1 << mbits) - 1)) | (bias << mbits), ftype)
+    return jnp.where(x == jnp.inf, x, m), e.astype(jnp.int32)
+
+
 def _gram(Y):
     """``Y^T Y`` of an ``(R, K)`` tile as one 2-D dot, full precision."""
     return jax.lax.dot_general(Y, Y, (((0,), (0,)), ((), ())),
@@ -315,7 +335,7 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
     # (R,) or (R, K), and are reduced once per atom: a cross-lane reduction per chunk
     # and statistic had made the chunk loop a chain of shuffles and barriers.
     def chunk(c, carry):
-        S, rhs, log_det, bad, probe = carry
+        S, rhs, mantissa, exponent, bad, probe = carry
         local = c * R + jnp.arange(R, dtype=jnp.int32)
         row_ok, h, g, B = _load_rows((htt_ref, htb_ref, gt_ref), row0, local, n, k, cross0,
                                      d, K)
@@ -323,7 +343,9 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
         good = row_ok
         for pivot in pivots:
             good = good & (pivot > 0)
-            log_det += jnp.where(row_ok, jnp.log(pivot), 0.0)
+            m, e = _binary_parts(jnp.where(row_ok, pivot, 1.0))
+            mantissa *= m
+            exponent += e
         bad = jnp.minimum(bad, jnp.where(row_ok & ~good, local, _NO_ROW))
         for x in [*h.values(), *g]:
             probe += (x * 0.0)[:, None]
@@ -332,17 +354,20 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
             # S -= sum_i Y_i^T Y_i (one dot per p), rhs += sum_i Y_i^T u_i.
             S -= _gram(Y[p])
             rhs += Y[p] * u[p][:, None]
-        return S, rhs, log_det, bad, probe
+        # renormalised every chunk, so the product stays in [1, 2**(d+1)) however long the atom
+        m, e = _binary_parts(mantissa)
+        return S, rhs, m, exponent + e, bad, probe
 
-    carry = (jnp.zeros((K, K), dtype), jnp.zeros((R, K), dtype), jnp.zeros((R,), dtype),
-             jnp.full((R,), _NO_ROW, jnp.int32), jnp.zeros((R, K), dtype))
+    carry = (jnp.zeros((K, K), dtype), jnp.zeros((R, K), dtype), jnp.ones((R,), dtype),
+             jnp.zeros((R,), jnp.int32), jnp.full((R,), _NO_ROW, jnp.int32),
+             jnp.zeros((R, K), dtype))
     if streamed:
         carry = jax.lax.fori_loop(0, (n + R - 1) // R, chunk, carry)
     else:
         carry = chunk(0, carry)
-    S, rhs, log_det, bad, probe = carry
+    S, rhs, mantissa, exponent, bad, probe = carry
     rhs = jnp.sum(rhs, axis=0)
-    log_det = jnp.sum(log_det)
+    log_det = jnp.sum(jnp.log(mantissa)) + float(np.log(2.0)) * jnp.sum(exponent).astype(dtype)
     first_bad = jnp.min(bad)
     probe = _nan_probe(probe)
     row_bump = _failing_row_bump(htt_ref, row0, first_bad, ridge_t, d, R, unit_roundoff)

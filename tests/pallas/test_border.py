@@ -11,6 +11,7 @@ from gpustat.border_layout import BorderLayout
 from gpustat.pallas.border import (
     KernelConfig,
     _back_meta,
+    _binary_parts,
     _unrolled_cholesky_solve,
     plan_buckets,
     solve_border_pallas,
@@ -78,6 +79,36 @@ def test_back_substitution_chunks_cover_every_row_once(rows):
         first = r0 - layout.row_offsets[a]
         assert 0 <= first and first + n <= layout.n_rows[a]
         assert cross0 == layout.cross_offsets[a] + first * 2 * k
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_binary_parts_match_frexp(dtype):
+    """``x = m 2^e`` with ``m`` in [1, 2) against numpy's frexp (``m`` in [0.5, 1)), over
+    normal and subnormal magnitudes, the largest finite value and +inf (m = inf)."""
+    info = np.finfo(dtype)
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        rng.uniform(1, 2, 64) * 2.0 ** rng.integers(info.minexp, info.maxexp, 64),
+        [info.smallest_subnormal, info.smallest_normal / 3, info.smallest_normal, 1.0,
+         info.max]]).astype(dtype)
+    m, e = jax.jit(_binary_parts)(x)
+    m_np, e_np = np.frexp(x)
+    np.testing.assert_array_equal(np.asarray(m), 2 * m_np)
+    np.testing.assert_array_equal(np.asarray(e), e_np - 1)
+    m_inf, _ = _binary_parts(np.array([np.inf], dtype))
+    assert np.isposinf(m_inf[0])
+
+
+def scaled_rows_atom(rng, scales, k, dtype):
+    """A PD atom whose row ``i`` is scaled by ``scales[i]`` (``H_tt``) and its square root
+    (``H_tb``, ``g_t``): the whitened rows stay O(1) while the row pivots, and the log
+    determinant, span the dtype's exponent range."""
+    n = len(scales)
+    H_tt, H_tb, g_t, H_bb, g_b = random_pd_atom(rng, n, 2, k)
+    s = np.asarray(scales, np.float64)
+    return [np.asarray(x, dtype) for x in (H_tt * s[:, None, None],
+                                           H_tb * np.sqrt(s)[:, None, None],
+                                           g_t * np.sqrt(s)[:, None], H_bb, g_b)]
 
 
 def schur_failure_mixed_atoms():
@@ -171,6 +202,29 @@ class TestBorderKernel(KernelTests):
         np.testing.assert_array_equal(got.status, [1, 0])
         np.testing.assert_array_equal(got.row, [21, -1])
         assert_same_solution(got, want, rtol=1e-12)
+
+    @pytest.mark.parametrize("dtype, scales", [
+        (np.float64, [1e250, 1e-250, 1.0]), (np.float32, [1e30, 1e-30, 1.0])])
+    def test_log_det_of_rows_at_the_ends_of_the_exponent_range(self, dtype, scales):
+        """A 40-row streamed atom whose row pivots cycle through huge, tiny and O(1): a
+        row's two pivots multiply past the largest (or below the smallest) float, so the
+        kernel's mantissa/exponent product must renormalise; log_det and the solution
+        equal the reference's sum of logarithms. (Subnormal pivots: interpret mode flushes
+        them in the row Cholesky itself, so only `test_binary_parts_match_frexp` has them.)"""
+        rng = np.random.default_rng(11)
+        atoms = [scaled_rows_atom(rng, np.resize(scales, 40), 5, dtype),
+                 random_pd_atom(rng, 17, 2, 3)]
+        b = batch_of(atoms, dtype)
+        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
+                                  np.zeros(2, dtype), np.zeros(2, dtype),
+                                  interpret=self.backend == "interpret", config=STREAMING)
+        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
+        got = type(want)(*out, layout=b.layout)
+        np.testing.assert_array_equal(got.status, [0, 0])
+        assert abs(float(want.log_det[0])) > (1e3 if dtype == np.float64 else 1e2)
+        rtol = 1e-10 if dtype == np.float64 else 1e-4
+        assert_close(got.log_det, want.log_det, rtol=rtol, atol=0, err_msg="log_det")
+        assert_same_solution(got, want, rtol=rtol)
 
     def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
         """Stage 2's batched Cholesky fails for atom 0 only (status 2 with the reference's
