@@ -49,8 +49,8 @@ BENCH_ATOMS = 100_000
 # back_rows, back_warps). Row pass: one program per atom (K = 16 for k_a in [4, 12];
 # one-chunk buckets of 16, 32, 64 rows, longer atoms streamed in chunks of the cap), now
 # without the Schur Cholesky; back substitution: one program per chunk of back_rows rows.
-# Measured (H100, f85dc64, 10 back to back): r16 at 2 warps 3.66 ms, at 1 warp 4.27 ms,
-# r32 30.4 ms, r64 45.5 ms (the row pass's per-lane accumulators spill past 16 rows);
+# Measured (H100, 57462a9, 10 back to back): r16 at 2 warps 3.40 ms, at 1 warp 3.54 ms,
+# r32 5.67 ms, r64 37.6 ms (the row pass's per-lane accumulators spill past 16 rows);
 # with per-chunk reductions (78d3496, one call per repetition) r16 5.25 ms, r32 6.86 ms.
 # --quick runs the first five, the default first.
 CONFIGS = {

@@ -80,11 +80,12 @@ class KernelConfig:
     ``back_warps`` warps.
 
     Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], 10 solves back
-    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit f85dc64):
-    16-row cap at 2 warps (``elems_per_warp = 128``) 3.66 ms, at 1 warp 4.27 ms, at 4
-    warps 4.24 ms (A/B); a 32-row cap 30.4 ms and 64-row 45.5 ms, where the per-lane
-    ``(rows, K)`` accumulators of the row pass spill (with per-chunk reductions, 78d3496:
-    16-row 5.25 ms, 32-row 6.86 ms, one call per repetition).
+    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit 57462a9):
+    16-row cap at 2 warps (``elems_per_warp = 128``) 3.40 ms, at 1 warp 3.54 ms; a 32-row
+    cap 5.67 ms at 1 warp and 4.06 ms at 2 (A/B), 64-row 37.6 ms (the per-lane
+    ``(rows, K)`` accumulators of the row pass spill; at f85dc64, before the
+    log-determinant lost its per-pivot logarithms, 4 warps took 4.24 ms and the 32-row cap
+    30.4 ms).
     """
 
     tile_elems: int = 4096
