@@ -75,6 +75,11 @@ _STAGED_LAUNCH = {
 # Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
 # float64, 4 warps (the H200 sweep of commit 7c9e2bc).
 _CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
+# float64 coefficient columns are staged as two interleaved copies (_copy_slot) up to
+# this many pieces: H100 A/B, P = 256 graded, 2^26 points, median of 9 rounds 0.516 vs
+# 0.547 ms (another run 0.487 vs 0.520); four copies took 0.94 ms (their registers),
+# and float32's paired 8-byte words gained nothing from 2, 4 or 8 copies.
+_FLOAT64_COPIES_MAX_PIECES = 256
 # Largest P the shared-memory kernel stages (see staging_supported).
 _STAGED_MAX_PIECES = 1024
 # extrapolate mode -> the kernel's MODE constexpr
@@ -180,14 +185,17 @@ def _ppoly_eval_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, out_ptr,
 
 @triton.jit
 def _staged_columns(rows_ptr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
-                    WIDTH: tl.constexpr, TABLE: tl.constexpr, PAIRED: tl.constexpr):
-    """The coefficient columns as register tensors of TABLE entries (a tuple).
+                    WIDTH: tl.constexpr, TABLE: tl.constexpr, PAIRED: tl.constexpr,
+                    COPIES: tl.constexpr):
+    """The coefficient columns as register tensors of TABLE * COPIES entries (a tuple):
+    entry ``piece * COPIES + c`` is copy c of the piece's coefficient (see
+    :func:`_copy_slot`).
 
     Paired (float32): columns 2j and 2j+1 travel as one 64-bit word (little-endian:
     column 2j in the low half), so a point costs one 8-byte shared load per two
     coefficients.
     """
-    table = tl.arange(0, TABLE)
+    table = tl.arange(0, TABLE * COPIES) // COPIES
     columns = ()
     if PAIRED:
         words = rows_ptr.to(tl.pointer_type(tl.uint64))
@@ -200,6 +208,18 @@ def _staged_columns(rows_ptr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
             columns = columns + (tl.load(rows_ptr + table * WIDTH + k,  # noqa: RUF005
                                          mask=table < NUM_PIECES, other=0),)
     return columns
+
+
+@triton.jit
+def _copy_slot(index, lanes, COPIES: tl.constexpr):
+    """The slot of each point's piece in columns of COPIES interleaved copies: neighbouring
+    threads read different copies, so a warp's random 8-byte lookups spread over twice
+    the banks (fewer conflicts). float64 x sits two consecutive points to a thread
+    (16-byte vectors), hence ``lanes // 2``; a wrong guess of the layout costs speed,
+    never correctness."""
+    if COPIES > 1:
+        index = index * COPIES + (lanes // 2) % COPIES
+    return index
 
 
 @triton.jit
@@ -266,7 +286,8 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
                               UNIFORM: tl.constexpr, MODE: tl.constexpr,
                               INDEX_64: tl.constexpr, TABLE: tl.constexpr,
                               KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr,
-                              CHUNKS: tl.constexpr, BUCKETS: tl.constexpr):
+                              CHUNKS: tl.constexpr, BUCKETS: tl.constexpr,
+                              COPIES: tl.constexpr):
     # A program reads the keys and each coefficient column once into registers,
     # then walks CHUNKS blocks of BLOCK_N points; every lookup is a tl.gather
     # through shared memory (a warp's random lookups cost a few bank conflicts
@@ -287,7 +308,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
         else:  # keys: the Eytzinger tree of the interior breakpoints
             keys = tl.load(keys_ptr + slots)
     if CHUNKS > 1:  # read once, kept in registers across the blocks
-        columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
+        columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED, COPIES)
 
     lanes = tl.arange(0, BLOCK_N)
     start = tl.program_id(0) * (BLOCK_N * CHUNKS)
@@ -321,10 +342,11 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
             index = node - (1 << LEVELS)
         u = x - knot
         if CHUNKS == 1:  # read after the search: fewer registers live through it
-            columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED)
-        y = _staged_coefficient(columns, 0, index, PAIRED).to(dtype)
+            columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED, COPIES)
+        slot = _copy_slot(index, lanes, COPIES)
+        y = _staged_coefficient(columns, 0, slot, PAIRED).to(dtype)
         for k in tl.static_range(1, DEGREE + 1):
-            y = _horner_step(y, _staged_coefficient(columns, k, index, PAIRED).to(dtype), u)
+            y = _horner_step(y, _staged_coefficient(columns, k, slot, PAIRED).to(dtype), u)
         y = _finish(y, u, x, lo, hi, MODE)
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=offsets < SIZE,
                  eviction_policy="evict_first")
@@ -380,7 +402,10 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
                     INDEX_64=size * num_polys + block * (chunks + 1) >= 2**31, BLOCK_N=block)
     if staged:
         paired = jnp.dtype(table_dtype) == jnp.float32 and rows_shape[-1] >= 2
-        settings.update(TABLE=next_pow2(num_pieces), PAIRED=paired, CHUNKS=chunks,
+        table = next_pow2(num_pieces)
+        copies = 2 if (jnp.dtype(table_dtype) == jnp.float64
+                       and table <= _FLOAT64_COPIES_MAX_PIECES) else 1
+        settings.update(TABLE=table, PAIRED=paired, CHUNKS=chunks, COPIES=copies,
                         KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels,
                         BUCKETS=buckets)
     else:
