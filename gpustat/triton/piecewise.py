@@ -25,7 +25,8 @@ Two kernels differ in where the tables are read from:
   loads the tables into registers and looks them up with ``tl.gather``, which
   goes through shared memory: a warp's random lookups cost a few bank conflicts
   instead of one L1 wavefront per distinct 128-byte line. float32 columns (and
-  the guide's (left knot, split) pairs) travel as 64-bit words. A program walks
+  the guide's (below, split) pairs) travel as 64-bit words; float64 columns as two
+  interleaved copies (:func:`_copy_slot`, fewer conflicts). A program walks
   ``chunks`` blocks, prefetching the next block's x;
 * the caches (trailing polynomials): gathers from global memory through L1; on
   a uniform grid the breakpoints ride in the coefficient row
