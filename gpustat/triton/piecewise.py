@@ -26,7 +26,7 @@ Two kernels differ in where the tables are read from:
   goes through shared memory: a warp's random lookups cost a few bank conflicts
   instead of one L1 wavefront per distinct 128-byte line. float32 columns (and
   the guide's (below, split) pairs) travel as 64-bit words; float64 columns as two
-  interleaved copies (:func:`_copy_slot`, fewer conflicts). A program walks
+  interleaved copies (:func:`_copy_slot`, measured faster). A program walks
   ``chunks`` blocks, prefetching the next block's x;
 * the caches (trailing polynomials): gathers from global memory through L1; on
   a uniform grid the breakpoints ride in the coefficient row
@@ -79,7 +79,11 @@ _CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
 # float64 coefficient columns are staged as two interleaved copies (_copy_slot) up to
 # this many pieces: H100 A/B, P = 256 graded, 2^26 points, median of 9 rounds 0.516 vs
 # 0.547 ms (another run 0.487 vs 0.520); four copies took 0.94 ms (their registers),
-# and float32's paired 8-byte words gained nothing from 2, 4 or 8 copies.
+# and float32's paired 8-byte words gained nothing from 2, 4 or 8 copies. Nsight
+# Compute counts the same shared-load wavefronts with and without the copies (73.4 M),
+# and fewer barrier and scoreboard stalls with them: the gain is in how the lookups are
+# scheduled, not fewer bank conflicts (a half-warp's worst bank stays as loaded until
+# 8-16 copies, whose staging and registers cost more; docs/piecewise.md).
 _FLOAT64_COPIES_MAX_PIECES = 256
 # Largest P the shared-memory kernel stages (see staging_supported).
 _STAGED_MAX_PIECES = 1024
@@ -213,9 +217,9 @@ def _staged_columns(rows_ptr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
 
 @triton.jit
 def _copy_slot(index, lanes, COPIES: tl.constexpr):
-    """The slot of each point's piece in columns of COPIES interleaved copies: neighbouring
-    threads read different copies, so a warp's random 8-byte lookups spread over twice
-    the banks (fewer conflicts). float64 x sits two consecutive points to a thread
+    """The slot of each point's piece in columns of COPIES interleaved copies, neighbouring
+    threads reading different copies (see _FLOAT64_COPIES_MAX_PIECES for what it buys
+    and why). float64 x sits two consecutive points to a thread
     (16-byte vectors), hence ``lanes // 2``; a wrong guess of the layout costs speed,
     never correctness."""
     if COPIES > 1:
