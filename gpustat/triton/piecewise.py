@@ -219,9 +219,8 @@ def _staged_columns(rows_ptr, NUM_PIECES: tl.constexpr, DEGREE: tl.constexpr,
 def _copy_slot(index, lanes, COPIES: tl.constexpr):
     """The slot of each point's piece in columns of COPIES interleaved copies, neighbouring
     threads reading different copies (see _FLOAT64_COPIES_MAX_PIECES for what it buys
-    and why). float64 x sits two consecutive points to a thread
-    (16-byte vectors), hence ``lanes // 2``; a wrong guess of the layout costs speed,
-    never correctness."""
+    and why). float64 x sits two consecutive points to a thread (16-byte vectors), hence
+    ``lanes // 2``; a wrong guess of the layout costs speed, never correctness."""
     if COPIES > 1:
         index = index * COPIES + (lanes // 2) % COPIES
     return index
