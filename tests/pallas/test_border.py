@@ -203,6 +203,41 @@ class TestBorderKernel(KernelTests):
         np.testing.assert_array_equal(got.row, [21, -1])
         assert_same_solution(got, want, rtol=1e-12)
 
+    def test_nonfinite_entries_of_every_input_are_reported_per_atom(self):
+        """One non-finite entry per atom, in each input array and in later chunks of
+        streamed atoms (16-row chunks): H_tt's diagonal (+inf: its row still whitens to
+        finite numbers), H_tt off the diagonal, g_t, H_tb (NaN, +inf), H_tb NaN in an atom
+        that also has a failing row (non-finite wins); an atom whose finite H_tb overflows
+        the Schur complement; a clean atom. Status and row equal the reference's."""
+        rng = np.random.default_rng(9)
+        atoms = [random_pd_atom(rng, 40, 2, 5) for _ in range(8)]
+
+        def poke(a, array, index, value):
+            parts = [np.array(x, dtype=float) for x in atoms[a]]
+            parts[array][index] = value
+            atoms[a] = tuple(parts)
+
+        poke(0, 0, (25, 1, 1), np.inf)
+        poke(1, 0, (33, 1, 0), np.nan)
+        poke(1, 0, (33, 0, 1), np.nan)
+        poke(2, 2, (37, 0), -np.inf)
+        poke(3, 1, (30, 1, 2), np.nan)
+        poke(4, 1, (5, 0, 4), np.inf)
+        poke(5, 0, 3, -np.eye(2))
+        poke(5, 1, (35, 0, 0), np.nan)
+        poke(6, 1, (20, 0, 1), 1e300)
+        b = batch_of(atoms)
+        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
+                                  np.zeros(8), np.zeros(8),
+                                  interpret=self.backend == "interpret", config=STREAMING)
+        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
+        got = type(want)(*out, layout=b.layout)
+        np.testing.assert_array_equal(np.asarray(want.status)[:6], 3)
+        assert int(want.status[6]) not in (0, 3) and int(want.status[7]) == 0
+        np.testing.assert_array_equal(got.status, want.status)
+        np.testing.assert_array_equal(got.row, want.row)
+        assert_matches_dense(atoms, got, 0.0, 0.0, only=[7])
+
     @pytest.mark.parametrize("dtype, scales", [
         (np.float64, [1e250, 1e-250, 1.0]), (np.float32, [1e30, 1e-30, 1.0])])
     def test_log_det_of_rows_at_the_ends_of_the_exponent_range(self, dtype, scales):
