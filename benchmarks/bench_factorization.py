@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
+from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
 from gpustat import factorization as fz
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as kernels
@@ -238,21 +238,22 @@ def bench_model(rec: Recorder, model: str, X: CSR, fid_np, modern_rows: int) -> 
 
 def run(quick: bool, out=None, n_rows: int = 1_000_000, modern_rows: int = 50_000) -> None:
     rec = Recorder("factorization", out)
-    rec.measure_copy()
-    indptr, indices, field_ids = ctr_rows(n_rows)
-    X = CSR(np.ones(indices.shape[0], np.float32), indices, indptr, (n_rows, N_FEATURES))
-    start = time.perf_counter()
-    X = jax.block_until_ready(X.with_field_slots(field_ids))
-    rec.record("field_slot_layout_build", shape=(n_rows, N_FIELDS), dtype="int32",
-               backend="host-numpy", timing=None,
-               extra={"seconds": time.perf_counter() - start, "once_per_matrix": True})
-    failures = []
-    for model in ("fm", "fwfm", "ffm"):
-        try:
-            bench_model(rec, model, X, field_ids, modern_rows)
-        except Exception as exc:  # one model's failure must not hide the others' numbers
-            traceback.print_exc()
-            failures.append(f"{model}: {type(exc).__name__}: {exc}")
+    with x64_for(jnp.float32):  # every device case is float32 (see x64_for)
+        rec.measure_copy()
+        indptr, indices, field_ids = ctr_rows(n_rows)
+        X = CSR(np.ones(indices.shape[0], np.float32), indices, indptr, (n_rows, N_FEATURES))
+        start = time.perf_counter()
+        X = jax.block_until_ready(X.with_field_slots(field_ids))
+        rec.record("field_slot_layout_build", shape=(n_rows, N_FIELDS), dtype="int32",
+                   backend="host-numpy", timing=None,
+                   extra={"seconds": time.perf_counter() - start, "once_per_matrix": True})
+        failures = []
+        for model in ("fm", "fwfm", "ffm"):
+            try:
+                bench_model(rec, model, X, field_ids, modern_rows)
+            except Exception as exc:  # one model's failure must not hide the others' numbers
+                traceback.print_exc()
+                failures.append(f"{model}: {type(exc).__name__}: {exc}")
     if failures:
         raise SystemExit("failed: " + "; ".join(failures))
 

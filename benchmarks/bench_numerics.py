@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
+from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
 from gpustat import numerics
 from gpustat.reference import numerics as ref
 
@@ -25,24 +25,25 @@ def run(quick: bool, out=None) -> None:
     dtypes = [jnp.float32, jnp.float64]
     for n in sizes:
         for dtype in dtypes:
-            x = jax.random.normal(jax.random.key(0), (n,), dtype) * 10.0
-            itemsize = jnp.dtype(dtype).itemsize
-            for op, outputs in OPS.items():
-                kernel = jax.jit(functools.partial(getattr(numerics, op), backend="pallas"))
-                xla = jax.jit(getattr(ref, op))
-                for got, exp in zip(jax.tree.leaves(kernel(x)), jax.tree.leaves(xla(x)),
-                                    strict=True):
-                    check_close(f"{op} {dtype.__name__}", got, exp,
-                                rtol=5e-6 if dtype == jnp.float32 else 1e-12)
-                moved = n * itemsize * (1 + outputs)
-                shape, name = (n,), jnp.dtype(dtype).name
-                t_xla = time_fn(xla, [(x,)])
-                rec.record(f"{op}", shape=shape, dtype=name, backend="xla", timing=t_xla,
-                           bytes_moved=moved, items=n, item_name="elements")
-                t_kernel = time_fn(kernel, [(x,)])
-                rec.record(f"{op}", shape=shape, dtype=name, backend="pallas", timing=t_kernel,
-                           bytes_moved=moved, items=n, item_name="elements", baseline="xla",
-                           extra={"speedup_vs_xla": t_xla.median_ms / t_kernel.median_ms})
+            with x64_for(dtype):
+                x = jax.random.normal(jax.random.key(0), (n,), dtype) * 10.0
+                itemsize = jnp.dtype(dtype).itemsize
+                for op, outputs in OPS.items():
+                    kernel = jax.jit(functools.partial(getattr(numerics, op), backend="pallas"))
+                    xla = jax.jit(getattr(ref, op))
+                    for got, exp in zip(jax.tree.leaves(kernel(x)), jax.tree.leaves(xla(x)),
+                                        strict=True):
+                        check_close(f"{op} {dtype.__name__}", got, exp,
+                                    rtol=5e-6 if dtype == jnp.float32 else 1e-12)
+                    moved = n * itemsize * (1 + outputs)
+                    shape, name = (n,), jnp.dtype(dtype).name
+                    t_xla = time_fn(xla, [(x,)])
+                    rec.record(f"{op}", shape=shape, dtype=name, backend="xla", timing=t_xla,
+                               bytes_moved=moved, items=n, item_name="elements")
+                    t_kernel = time_fn(kernel, [(x,)])
+                    rec.record(f"{op}", shape=shape, dtype=name, backend="pallas", timing=t_kernel,
+                               bytes_moved=moved, items=n, item_name="elements", baseline="xla",
+                               extra={"speedup_vs_xla": t_xla.median_ms / t_kernel.median_ms})
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from benchmarks.harness import (
     main_from_args,
     rotating_copies,
     time_fn,
+    x64_for,
 )
 from gpustat._backend import cuda_gpu_available
 from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
@@ -153,55 +154,56 @@ def run(quick: bool = True, out: Path | None = None) -> None:
     summary = []
 
     def streaming_case(name, pp, x_dtype, n, variants, compare_torch):
-        x = points(n, x_dtype, 1)
-        nbytes = n * 2 * jnp.dtype(x_dtype).itemsize
-        rtol = 1e-12 if jnp.dtype(x_dtype) == jnp.float64 else 2e-6
-        xla = xla_fn(pp)
-        expected = xla(x)
-        # f32 rounding differs between FMA (kernel) and not: absolute floor at the
-        # size of the terms (|c| * 8.5^3 ~ 1e3 -> 1e3 * rtol)
-        results = {}
-        for config in variants:
-            block_n, warps, gather, chunks, stages = config
-            fn = kernel_fn(pp, interpret, block_n=block_n, num_warps=warps, gather=gather,
-                           chunks=chunks, num_stages=stages)
-            check = check_close if config == variants[0] else device_check
-            err = check(f"{name}{list(config)}", fn(x), expected,
-                        rtol=rtol if x_dtype != jnp.bfloat16 else 1e-2,
-                        atol=1e3 * rtol if x_dtype != jnp.bfloat16 else 8.0)
-            timing = time_fn(fn, [(x,)])
-            results[config] = (timing, err)
-        xla_timing = time_fn(xla, [(x,)])
-        rec.record(f"{name}/xla_reference", shape=(n,), dtype=jnp.dtype(x_dtype).name,
-                   backend="xla", timing=xla_timing, bytes_moved=nbytes, items=n,
-                   item_name="points")
-        torch_ms = None
-        if compare_torch and (peer := torch_peer(pp)) is not None:
-            torch, evaluate, to_torch = peer
-            xt = to_torch(x)
-            check_close(f"{name}/torch", np.asarray(evaluate(xt).cpu()), expected, rtol=rtol,
-                        atol=1e3 * rtol)
-            t = time_torch(torch, evaluate, [(xt,)])
-            torch_ms = t.median_ms
-            rec.record(f"{name}/torch_bucketize", shape=(n,), dtype=jnp.dtype(x_dtype).name,
-                       backend="torch", timing=t, bytes_moved=nbytes, items=n,
+        with x64_for(x_dtype):  # float64 cases only: see x64_for
+            x = points(n, x_dtype, 1)
+            nbytes = n * 2 * jnp.dtype(x_dtype).itemsize
+            rtol = 1e-12 if jnp.dtype(x_dtype) == jnp.float64 else 2e-6
+            xla = xla_fn(pp)
+            expected = xla(x)
+            # f32 rounding differs between FMA (kernel) and not: absolute floor at the
+            # size of the terms (|c| * 8.5^3 ~ 1e3 -> 1e3 * rtol)
+            results = {}
+            for config in variants:
+                block_n, warps, gather, chunks, stages = config
+                fn = kernel_fn(pp, interpret, block_n=block_n, num_warps=warps, gather=gather,
+                               chunks=chunks, num_stages=stages)
+                check = check_close if config == variants[0] else device_check
+                err = check(f"{name}{list(config)}", fn(x), expected,
+                            rtol=rtol if x_dtype != jnp.bfloat16 else 1e-2,
+                            atol=1e3 * rtol if x_dtype != jnp.bfloat16 else 8.0)
+                timing = time_fn(fn, [(x,)])
+                results[config] = (timing, err)
+            xla_timing = time_fn(xla, [(x,)])
+            rec.record(f"{name}/xla_reference", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                       backend="xla", timing=xla_timing, bytes_moved=nbytes, items=n,
                        item_name="points")
-        best = min(results, key=lambda k: results[k][0].median_ms)
-        for config, (timing, err) in results.items():
-            extra = {"block_n": config[0], "num_warps": config[1], "gather": config[2],
-                     "chunks": config[3], "num_stages": config[4], "max_rel_error": err,
-                     "uniform": pp.uniform,
-                     "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
-                     "best_variant": config == best}
-            if torch_ms is not None:
-                extra["speedup_vs_torch"] = torch_ms / timing.median_ms
-            row = rec.record(f"{name}/pallas", shape=(n,), dtype=jnp.dtype(x_dtype).name,
-                             backend="pallas" if on_gpu else "interpret", timing=timing,
-                             bytes_moved=nbytes, items=n, item_name="points",
-                             baseline=f"{name}/xla_reference", extra=extra)
-            if config == variants[0] or config == best:
-                summary.append(row)
-        return results[best][0]
+            torch_ms = None
+            if compare_torch and (peer := torch_peer(pp)) is not None:
+                torch, evaluate, to_torch = peer
+                xt = to_torch(x)
+                check_close(f"{name}/torch", np.asarray(evaluate(xt).cpu()), expected, rtol=rtol,
+                            atol=1e3 * rtol)
+                t = time_torch(torch, evaluate, [(xt,)])
+                torch_ms = t.median_ms
+                rec.record(f"{name}/torch_bucketize", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                           backend="torch", timing=t, bytes_moved=nbytes, items=n,
+                           item_name="points")
+            best = min(results, key=lambda k: results[k][0].median_ms)
+            for config, (timing, err) in results.items():
+                extra = {"block_n": config[0], "num_warps": config[1], "gather": config[2],
+                         "chunks": config[3], "num_stages": config[4], "max_rel_error": err,
+                         "uniform": pp.uniform,
+                         "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
+                         "best_variant": config == best}
+                if torch_ms is not None:
+                    extra["speedup_vs_torch"] = torch_ms / timing.median_ms
+                row = rec.record(f"{name}/pallas", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                                 backend="pallas" if on_gpu else "interpret", timing=timing,
+                                 bytes_moved=nbytes, items=n, item_name="points",
+                                 baseline=f"{name}/xla_reference", extra=extra)
+                if config == variants[0] or config == best:
+                    summary.append(row)
+            return results[best][0]
 
     def variants(kind):
         return VARIANTS[kind] if on_gpu else VARIANTS[kind][:1]
@@ -220,37 +222,38 @@ def run(quick: bool = True, out: Path | None = None) -> None:
 
     # torchPACE's shape: 16 MB sits in L2, so rotate buffers and issue calls back to back.
     for uniform in (False, True):
-        pp = make_pp(uniform, np.float32)
-        name = f"{'uniform' if uniform else 'search'}_f32_N2e6"
-        sets = rotating_copies(lambda i: (points(small, jnp.float32, 10 + i),), small * 4,
-                               l2_bytes=(64 << 20) if on_gpu else (1 << 16))
-        # the public call as a user writes it inside jit (constant pp: host-built tables)
-        fn = jax.jit(lambda v, pp=pp: pp(v, backend="pallas" if on_gpu else "interpret"))
-        check_close(name, fn(sets[0][0]), xla_fn(pp)(sets[0][0]), rtol=2e-6, atol=2e-3)
-        timing = time_fn(fn, sets, calls_per_repeat=10)
-        axpb = jax.jit(lambda v: 1.5 * v + 0.25)
-        axpb_timing = time_fn(axpb, sets, calls_per_repeat=10)
-        xla_timing = time_fn(xla_fn(pp), sets, calls_per_repeat=10)
-        nbytes = small * 8
-        rec.record(f"{name}/axpb", shape=(small,), dtype="float32", backend="xla",
-                   timing=axpb_timing, bytes_moved=nbytes, items=small, item_name="points")
-        rec.record(f"{name}/xla_reference", shape=(small,), dtype="float32", backend="xla",
-                   timing=xla_timing, bytes_moved=nbytes, items=small, item_name="points")
-        extra = {"ratio_vs_axpb": timing.median_ms / axpb_timing.median_ms,
-                 "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
-                 "buffers": len(sets), "uniform": uniform}
-        if (peer := torch_peer(pp)) is not None:
-            torch, evaluate, to_torch = peer
-            tsets = [(to_torch(s[0]),) for s in sets]
-            t = time_torch(torch, evaluate, tsets, calls_per_repeat=10)
-            rec.record(f"{name}/torch_bucketize", shape=(small,), dtype="float32",
-                       backend="torch", timing=t, bytes_moved=nbytes, items=small,
-                       item_name="points")
-            extra["speedup_vs_torch"] = t.median_ms / timing.median_ms
-        summary.append(rec.record(f"{name}/pallas", shape=(small,), dtype="float32",
-                                  backend="pallas" if on_gpu else "interpret", timing=timing,
-                                  bytes_moved=nbytes, items=small, item_name="points",
-                                  baseline=f"{name}/axpb", extra=extra))
+        with x64_for(jnp.float32):
+            pp = make_pp(uniform, np.float32)
+            name = f"{'uniform' if uniform else 'search'}_f32_N2e6"
+            sets = rotating_copies(lambda i: (points(small, jnp.float32, 10 + i),), small * 4,
+                                   l2_bytes=(64 << 20) if on_gpu else (1 << 16))
+            # the public call as a user writes it inside jit (constant pp: host-built tables)
+            fn = jax.jit(lambda v, pp=pp: pp(v, backend="pallas" if on_gpu else "interpret"))
+            check_close(name, fn(sets[0][0]), xla_fn(pp)(sets[0][0]), rtol=2e-6, atol=2e-3)
+            timing = time_fn(fn, sets, calls_per_repeat=10)
+            axpb = jax.jit(lambda v: 1.5 * v + 0.25)
+            axpb_timing = time_fn(axpb, sets, calls_per_repeat=10)
+            xla_timing = time_fn(xla_fn(pp), sets, calls_per_repeat=10)
+            nbytes = small * 8
+            rec.record(f"{name}/axpb", shape=(small,), dtype="float32", backend="xla",
+                       timing=axpb_timing, bytes_moved=nbytes, items=small, item_name="points")
+            rec.record(f"{name}/xla_reference", shape=(small,), dtype="float32", backend="xla",
+                       timing=xla_timing, bytes_moved=nbytes, items=small, item_name="points")
+            extra = {"ratio_vs_axpb": timing.median_ms / axpb_timing.median_ms,
+                     "speedup_vs_xla": xla_timing.median_ms / timing.median_ms,
+                     "buffers": len(sets), "uniform": uniform}
+            if (peer := torch_peer(pp)) is not None:
+                torch, evaluate, to_torch = peer
+                tsets = [(to_torch(s[0]),) for s in sets]
+                t = time_torch(torch, evaluate, tsets, calls_per_repeat=10)
+                rec.record(f"{name}/torch_bucketize", shape=(small,), dtype="float32",
+                           backend="torch", timing=t, bytes_moved=nbytes, items=small,
+                           item_name="points")
+                extra["speedup_vs_torch"] = t.median_ms / timing.median_ms
+            summary.append(rec.record(f"{name}/pallas", shape=(small,), dtype="float32",
+                                      backend="pallas" if on_gpu else "interpret", timing=timing,
+                                      bytes_moved=nbytes, items=small, item_name="points",
+                                      baseline=f"{name}/axpb", extra=extra))
 
     print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s")
     print(f"{'case':28s} {'config':20s} {'ms':>9s} {'GB/s':>7s} {'roof':>6s} {'xla x':>7s} "

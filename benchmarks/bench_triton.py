@@ -34,7 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.bench_piecewise import device_check, make_pp, points
-from benchmarks.harness import Recorder, check_close, main_from_args, rotating_copies, time_fn
+from benchmarks.harness import (
+    Recorder,
+    check_close,
+    main_from_args,
+    rotating_copies,
+    time_fn,
+    x64_for,
+)
 from gpustat._backend import cuda_gpu_available
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as pallas_fm
@@ -137,54 +144,56 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
              ("uniform", np.float32, jnp.float32, small)]
     summary = []
     for grid, table_dtype, x_dtype, n in cases if on_gpu else cases[:1]:
-        pp = make_pp(grid == "uniform", table_dtype)
-        pallas, triton, xla = _ppoly_fns(pp, interpret=not on_gpu)
-        variants = PPOLY_VARIANTS[np.dtype(table_dtype).itemsize]
-        variants = variants if on_gpu else variants[:2]
-        labels = {v: label(v) for v in variants}
-        cached = n < 1 << 24
-        sets = (rotating_copies(lambda i, n=n, d=x_dtype: (points(n, d, 10 + i),),
-                                n * jnp.dtype(x_dtype).itemsize) if cached
-                else [(points(n, x_dtype, 1),)])
-        calls = 10 if cached else None  # None: back-to-back calls filling >= 2 ms
-        expected = xla(*sets[0])
-        f64 = jnp.dtype(x_dtype) == jnp.float64
-        tol = dict(rtol=1e-2, atol=8.0) if x_dtype == jnp.bfloat16 else (
-            dict(rtol=1e-12, atol=1e-9) if f64 else dict(rtol=2e-6, atol=2e-3))
-        fns = {"pallas": pallas, **{v: triton(v) for v in variants}}
-        errors, timings = {}, {}
-        size = {1 << 26: "2^26", 2_000_000: "2e6"}.get(n, str(n))
-        name = f"{grid}_{jnp.dtype(x_dtype).name}_N{size}"
-        for key, fn in fns.items():
-            try:
-                # the floor computes another function: timed, not checked
-                errors[key] = (None if key is not None and key != "pallas" and key[0] == "floor"
-                               else device_check(f"{name}/{key}", fn(*sets[0]), expected, **tol))
-                timings[key] = time_fn(fn, sets, calls_per_repeat=calls)
-            except Exception as err:  # one failing variant must not lose the others
-                print(f"{name}/{key} FAILED: {type(err).__name__}: {str(err)[:400]}")
-                if key == "pallas":
-                    raise
-        variants = [v for v in variants if v in timings]
-        timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
-        nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
-        if not cached:  # what a user's pp(x) runs (backend "auto": guide, 16-bit table)
-            public = jax.jit(lambda v, pp=pp: ppoly_eval(pp, v))
-            error = device_check(f"{name}/public_auto", public(*sets[0]), expected, **tol)
-            timing = time_fn(public, sets, calls_per_repeat=calls)
-            rec.record(f"{name}/public_auto", shape=(n,), dtype=jnp.dtype(x_dtype).name,
-                       backend="auto", timing=timing, bytes_moved=nbytes, items=n,
-                       item_name="points", baseline=f"{name}/xla_reference",
-                       extra={"max_rel_error": error,
-                              "speedup_vs_xla": timings["xla"].median_ms / timing.median_ms})
-        if cached:  # torchPACE's shape: the trivial a*x+b timed the same way
-            rec.record(f"{name}/axpb", shape=(n,), dtype=jnp.dtype(x_dtype).name, backend="xla",
-                       timing=time_fn(jax.jit(lambda v: 1.5 * v + 0.25), sets,
-                                      calls_per_repeat=calls),
-                       bytes_moved=nbytes, items=n, item_name="points")
-        summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name,
-                                    {k: timings[k] for k in ["xla", "pallas", *variants]},
-                                    nbytes, n, "points", errors, labels))
+        with x64_for(x_dtype):  # 64-bit types for the float64 cases only
+            pp = make_pp(grid == "uniform", table_dtype)
+            pallas, triton, xla = _ppoly_fns(pp, interpret=not on_gpu)
+            variants = PPOLY_VARIANTS[np.dtype(table_dtype).itemsize]
+            variants = variants if on_gpu else variants[:2]
+            labels = {v: label(v) for v in variants}
+            cached = n < 1 << 24
+            sets = (rotating_copies(lambda i, n=n, d=x_dtype: (points(n, d, 10 + i),),
+                                    n * jnp.dtype(x_dtype).itemsize) if cached
+                    else [(points(n, x_dtype, 1),)])
+            calls = 10 if cached else None  # None: back-to-back calls filling >= 2 ms
+            expected = xla(*sets[0])
+            f64 = jnp.dtype(x_dtype) == jnp.float64
+            tol = dict(rtol=1e-2, atol=8.0) if x_dtype == jnp.bfloat16 else (
+                dict(rtol=1e-12, atol=1e-9) if f64 else dict(rtol=2e-6, atol=2e-3))
+            fns = {"pallas": pallas, **{v: triton(v) for v in variants}}
+            errors, timings = {}, {}
+            size = {1 << 26: "2^26", 2_000_000: "2e6"}.get(n, str(n))
+            name = f"{grid}_{jnp.dtype(x_dtype).name}_N{size}"
+            for key, fn in fns.items():
+                try:
+                    # the floor computes another function: timed, not checked
+                    floor = key is not None and key != "pallas" and key[0] == "floor"
+                    errors[key] = (None if floor else
+                                   device_check(f"{name}/{key}", fn(*sets[0]), expected, **tol))
+                    timings[key] = time_fn(fn, sets, calls_per_repeat=calls)
+                except Exception as err:  # one failing variant must not lose the others
+                    print(f"{name}/{key} FAILED: {type(err).__name__}: {str(err)[:400]}")
+                    if key == "pallas":
+                        raise
+            variants = [v for v in variants if v in timings]
+            timings["xla"] = time_fn(xla, sets, calls_per_repeat=calls)
+            nbytes = 2 * n * jnp.dtype(x_dtype).itemsize
+            if not cached:  # what a user's pp(x) runs (backend "auto": guide, 16-bit table)
+                public = jax.jit(lambda v, pp=pp: ppoly_eval(pp, v))
+                error = device_check(f"{name}/public_auto", public(*sets[0]), expected, **tol)
+                timing = time_fn(public, sets, calls_per_repeat=calls)
+                rec.record(f"{name}/public_auto", shape=(n,), dtype=jnp.dtype(x_dtype).name,
+                           backend="auto", timing=timing, bytes_moved=nbytes, items=n,
+                           item_name="points", baseline=f"{name}/xla_reference",
+                           extra={"max_rel_error": error,
+                                  "speedup_vs_xla": timings["xla"].median_ms / timing.median_ms})
+            if cached:  # torchPACE's shape: the trivial a*x+b timed the same way
+                rec.record(f"{name}/axpb", shape=(n,), dtype=jnp.dtype(x_dtype).name, backend="xla",
+                           timing=time_fn(jax.jit(lambda v: 1.5 * v + 0.25), sets,
+                                          calls_per_repeat=calls),
+                           bytes_moved=nbytes, items=n, item_name="points")
+            summary.append(_record_case(rec, name, (n,), jnp.dtype(x_dtype).name,
+                                        {k: timings[k] for k in ["xla", "pallas", *variants]},
+                                        nbytes, n, "points", errors, labels))
     return summary
 
 
@@ -213,36 +222,37 @@ def _fm_cases(rec, on_gpu: bool, quick: bool):
     rng = np.random.default_rng(1)
     summary = []
     for dtype in (jnp.float32, jnp.float64) if on_gpu else (jnp.float64,):
-        X = X32 if dtype == jnp.float32 else X32.with_data(X32.data.astype(jnp.float64))
-        fields = jnp.asarray(field_ids)
-        w0 = jnp.asarray(0.1, dtype)
-        w = jnp.asarray(rng.normal(0, 0.1, FM_FEATURES), dtype)
-        for model in ("ffm", "fwfm") if on_gpu else ("fwfm",):
-            shape_v = (FM_FEATURES, FM_FIELDS, FM_K) if model == "ffm" else (FM_FEATURES, FM_K)
-            V = jnp.asarray(rng.normal(0, 0.1, shape_v), dtype)
-            args = (X, fields, w0, w, V)
-            if model == "fwfm":
-                args = (*args, jnp.asarray(rng.normal(1, 0.2, (FM_FIELDS, FM_FIELDS)), dtype))
-            ref_fn = jax.jit(getattr(reference_fm, f"{model}_scores"))
-            pallas = jax.jit(functools.partial(getattr(pallas_fm, f"{model}_scores"),
-                                               interpret=not on_gpu))
-            fns = {"pallas": pallas}
-            for i in variants:
-                fns[i] = jax.jit(functools.partial(getattr(triton_fm, f"{model}_scores"),
-                                                   interpret=not on_gpu, **FM_VARIANTS[i]))
-            expected = ref_fn(*args)
-            scale = float(jnp.max(jnp.abs(expected)))
-            f64 = dtype == jnp.float64
-            tol = dict(rtol=1e-12, atol=1e-12 * scale) if f64 else dict(rtol=2e-5,
-                                                                        atol=2e-5 * scale)
-            errors, timings = {}, {}
-            name = f"{model}_{jnp.dtype(dtype).name}_n{n}_f{FM_FIELDS}_k{FM_K}"
-            for key, fn in fns.items():
-                errors[key] = check_close(f"{name}/{key}", fn(*args), expected, **tol)
-                timings[key] = time_fn(fn, [args])
-            timings["xla"] = time_fn(ref_fn, [args])
-            summary.append(_record_case(rec, name, (n, FM_FIELDS), jnp.dtype(dtype).name,
-                                        timings, None, n, "rows", errors, labels))
+        with x64_for(dtype):
+            X = X32 if dtype == jnp.float32 else X32.with_data(X32.data.astype(jnp.float64))
+            fields = jnp.asarray(field_ids)
+            w0 = jnp.asarray(0.1, dtype)
+            w = jnp.asarray(rng.normal(0, 0.1, FM_FEATURES), dtype)
+            for model in ("ffm", "fwfm") if on_gpu else ("fwfm",):
+                shape_v = (FM_FEATURES, FM_FIELDS, FM_K) if model == "ffm" else (FM_FEATURES, FM_K)
+                V = jnp.asarray(rng.normal(0, 0.1, shape_v), dtype)
+                args = (X, fields, w0, w, V)
+                if model == "fwfm":
+                    args = (*args, jnp.asarray(rng.normal(1, 0.2, (FM_FIELDS, FM_FIELDS)), dtype))
+                ref_fn = jax.jit(getattr(reference_fm, f"{model}_scores"))
+                pallas = jax.jit(functools.partial(getattr(pallas_fm, f"{model}_scores"),
+                                                   interpret=not on_gpu))
+                fns = {"pallas": pallas}
+                for i in variants:
+                    fns[i] = jax.jit(functools.partial(getattr(triton_fm, f"{model}_scores"),
+                                                       interpret=not on_gpu, **FM_VARIANTS[i]))
+                expected = ref_fn(*args)
+                scale = float(jnp.max(jnp.abs(expected)))
+                f64 = dtype == jnp.float64
+                tol = dict(rtol=1e-12, atol=1e-12 * scale) if f64 else dict(rtol=2e-5,
+                                                                            atol=2e-5 * scale)
+                errors, timings = {}, {}
+                name = f"{model}_{jnp.dtype(dtype).name}_n{n}_f{FM_FIELDS}_k{FM_K}"
+                for key, fn in fns.items():
+                    errors[key] = check_close(f"{name}/{key}", fn(*args), expected, **tol)
+                    timings[key] = time_fn(fn, [args])
+                timings["xla"] = time_fn(ref_fn, [args])
+                summary.append(_record_case(rec, name, (n, FM_FIELDS), jnp.dtype(dtype).name,
+                                            timings, None, n, "rows", errors, labels))
     return summary
 
 

@@ -5,11 +5,14 @@
   ``block_until_ready``; inputs rotated over several buffers when one would sit in L2;
 * a device-to-device copy measured in the same process is the bandwidth ceiling;
 * every case prints one line and appends one JSON line to
-  ``<out>/<module>.jsonl`` with device, jax version and git commit.
+  ``<out>/<module>.jsonl`` with device, jax version and git commit;
+* 64-bit types are on only where a case needs them (:func:`x64_for`): float32 and
+  16-bit cases, baselines included, run as a float32 user runs JAX.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -26,6 +29,20 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MIN_REPEATS = 20
+
+
+def x64_for(dtype) -> contextlib.AbstractContextManager:
+    """``jax_enable_x64`` as a case of ``dtype`` needs it: on for float64, off otherwise.
+
+    The benchmark entry points turn 64-bit types on for the float64 cases, and
+    with them on XLA's float32 programs change: index arithmetic becomes int64
+    and other GEMM kernels are chosen. The plain-XLA EM iteration of
+    ``bench_mixture`` took 10.85 ms with them and 6.85 ms without (H100, same
+    process), so every float32 case and its baselines are timed inside
+    ``x64_for(jnp.float32)``. Arrays built inside keep their dtypes; a float64
+    array must not be used outside an ``x64_for(jnp.float64)`` block.
+    """
+    return jax.enable_x64(jnp.dtype(dtype) == jnp.float64)
 
 
 def device_name() -> str:
