@@ -34,9 +34,10 @@ program (kb, g) walks ``tiles_per_program`` row tiles and writes one partial per
 (block, group).
 
 Kernels: ``_density_kernel`` (block lse, optionally the logits), ``_suff_stats_kernel``
-(r = w exp(logit - log p(x))), ``_sample_stats_kernel`` (r = one-hot of an inverse-CDF
-draw inside the component block where the row's uniform lands, known from the block
-masses), ``_label_stats_kernel`` (one-hot of given labels), ``_mvn_logpdf_kernel``.
+(r = w exp(logit - log p(x))), ``_draw_kernel`` (inverse-CDF label inside the component
+block where the row's uniform lands, known from the block masses),
+``_label_stats_kernel`` (r = one-hot of labels, over rows sorted by label so that a
+component block reads only its own run of row tiles), ``_mvn_logpdf_kernel``.
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
@@ -169,10 +170,14 @@ def _safe_max(logits):
     return jnp.where(top > -jnp.inf, top, 0.0)
 
 
-def _tile_loop(body, init, *, tiles_per_program, n_tiles):
-    """fori_loop over this program's row tiles [g * tiles_per_program, ...)."""
+def _tile_loop(body, init, *, tiles_per_program, n_tiles, tile_range=None):
+    """fori_loop over this program's row tiles [g * tiles_per_program, ...), cut to the
+    tiles [lo, hi) of ``tile_range`` where given (none when they do not meet)."""
     first = pl.program_id(1) * tiles_per_program
-    return jax.lax.fori_loop(first, jnp.minimum(first + tiles_per_program, n_tiles), body, init)
+    lo, hi = first, jnp.minimum(first + tiles_per_program, n_tiles)
+    if tile_range is not None:
+        lo, hi = jnp.maximum(lo, tile_range[0]), jnp.minimum(hi, tile_range[1])
+    return jax.lax.fori_loop(lo, hi, body, init)
 
 
 def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_program, n_tiles,
@@ -208,9 +213,10 @@ def _second_moment_rows(xt, xt_ref, rows, moments):
 
 
 def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, moments, block_n,
-               block_k, tiles_per_program, n_tiles, algorithm):
+               block_k, tiles_per_program, n_tiles, algorithm, tile_range=None):
     """N += sum r, S1 += x^T r, S2 += (second-moment rows) r of ``responsibilities_fn(rows)``
-    (block_n, block_k) over this program's row tiles, in registers; then store the partials.
+    (block_n, block_k) over this program's row tiles (within ``tile_range``, see
+    :func:`_tile_loop`), in registers; then store the partials.
 
     Rows are the contraction axis of every product, so the tile is read transposed
     (xt (P, block_n), from X^T) and r is the right operand as it stands.
@@ -231,7 +237,7 @@ def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, momen
     init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
             tuple(jnp.zeros((m, block_k), dtype) for m in s2_rows))
     counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
-                                n_tiles=n_tiles)
+                                n_tiles=n_tiles, tile_range=tile_range)
     kb, g = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(kb * block_k, block_k)
     counts_ref[g, cols] = counts
@@ -251,34 +257,41 @@ def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loo
     _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
-def _sample_stats_kernel(xt_ref, w_ref, u_ref, lse_ref, start_ref, landing_ref, logits_ref,
-                         label_ref, *outs, block_k, n_components, **loop):
+def _draw_kernel(u_ref, lse_ref, start_ref, landing_ref, logits_ref, label_ref, *, block_n,
+                 block_k, tiles_per_program, n_tiles, n_components, moments):
+    """Inverse-CDF label of each row whose uniform lands in component block kb (0 in the
+    other blocks' rows; the caller sums over blocks). Runs on the statistics pass's grid;
+    ``moments`` is that pass's setting, unused here."""
+    del moments
     kb = pl.program_id(0)
     cols = pl.ds(kb * block_k, block_k)
-    component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
-    def responsibilities(rows):
+    def body(t, carry):
+        rows = pl.ds(t * block_n, block_n)
         prob = jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None])
-        # inverse CDF inside the block: components whose cumulative probability is <= u
+        # components of the block whose cumulative probability is <= u
         cdf = start_ref[kb, rows][:, None] + jnp.cumsum(prob, axis=1)
         below = jnp.sum(cdf <= u_ref[rows][:, None], axis=1, dtype=jnp.int32)
         label = jnp.minimum(kb * block_k + jnp.minimum(below, block_k - 1), n_components - 1)
         mine = landing_ref[rows] == kb  # u_i lands in this block (from the block masses)
         label_ref[kb, rows] = jnp.where(mine, label, 0)
-        onehot = (label[:, None] == component) & mine[:, None]
-        return onehot.astype(prob.dtype) * w_ref[rows][:, None]
+        return carry
 
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
+    _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
 
 
-def _label_stats_kernel(xt_ref, w_ref, label_ref, *outs, block_k, **loop):
-    component = pl.program_id(0) * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+def _label_stats_kernel(xt_ref, w_ref, label_ref, tiles_ref, *outs, block_k, **loop):
+    """Statistics of hard labels, rows sorted by label: component block kb reads only the
+    row tiles [tiles_ref[0, kb], tiles_ref[1, kb]) that hold its rows."""
+    kb = pl.program_id(0)
+    component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
 
     def responsibilities(rows):
         onehot = label_ref[rows][:, None] == component
         return onehot.astype(xt_ref.dtype) * w_ref[rows][:, None]
 
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
+    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k,
+               tile_range=(tiles_ref[0, kb], tiles_ref[1, kb]), **loop)
 
 
 def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm):
@@ -462,8 +475,20 @@ def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                      stats_blocks=blocks)
     w = layout.pad_rows(_unit_weights(X, sample_weight))
     labels = layout.pad_rows(labels.astype(jnp.int32))
-    partials = layout.stats_pass(_label_stats_kernel, layout.padded_x(X), (w, labels))
+    partials = _label_stats(layout, layout.padded_x(X), w, labels)
     return layout.sum_stats(*partials, jnp.zeros((), X.dtype))
+
+
+def _label_stats(layout, Xp, w, labels):
+    """Partials of the label statistics: rows sorted by label (stable, so the sums are
+    deterministic), then each component block's programs read only the tiles of its run
+    of rows, about 1 / (K / block_k) of the one-hot products over unsorted rows."""
+    order = jnp.argsort(labels, stable=True)
+    labels = labels[order]
+    block_n, block_k = layout.stats.block_n, layout.stats.block_k
+    edges = jnp.searchsorted(labels, jnp.arange(layout.stats.grid[0] + 1) * block_k)
+    tiles = jnp.stack([edges[:-1] // block_n, -(-edges[1:] // block_n)]).astype(jnp.int32)
+    return layout.stats_pass(_label_stats_kernel, Xp[order], (w[order], labels, tiles))
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
@@ -498,12 +523,14 @@ def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = 
         start = jnp.cumsum(mass, axis=0) - mass
         block_ids = jnp.arange(blocks, dtype=jnp.int32)[:, None]
         landing = jnp.max(jnp.where((start <= u) & (mass > 0), block_ids, 0), axis=0)
-        labels, *partials = layout.stats_pass(
-            _sample_stats_kernel, Xp, (layout.pad_rows(wc), u, lse, start, landing, logits),
+        (labels,) = layout.stats.call(
+            _draw_kernel, (u, lse, start, landing, logits),
             [jax.ShapeDtypeStruct((blocks, layout.n_pad), jnp.int32)],
-            n_components=layout.k)
-        labels = jnp.sum(labels, axis=0)[:layout.n]
-        return (layout.sum_stats(*partials, jnp.zeros((), X.dtype)), labels, lse[:layout.n])
+            interpret=layout.interpret, n_components=layout.k)
+        labels = jnp.sum(labels, axis=0)
+        partials = _label_stats(layout, Xp, layout.pad_rows(wc), labels)
+        return (layout.sum_stats(*partials, jnp.zeros((), X.dtype)), labels[:layout.n],
+                lse[:layout.n])
 
     stats, labels, lse = _over_chunks(chunk, rows_per_chunk,
                                       (X, u_all, jnp.ones(X.shape[0], X.dtype)))

@@ -95,6 +95,24 @@ class TestMixtureKernels(KernelTests):
         assert_close(fused.sum_x, want.sum_x, rtol=rtol, atol=rtol * 10)
         assert_close(fused.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
 
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_label_statistics_of_unsorted_rows_over_many_blocks(self, dtype):
+        """k = 29 in four blocks of 8 (the last ragged), 150 rows in random order: block 1
+        has no rows, component 20 takes half of them (runs over many 16-row tiles), and
+        the runs of the other blocks start and end inside tiles; weighted rows."""
+        rng = np.random.default_rng(7)
+        X = jnp.asarray(rng.normal(size=(150, 3)), dtype)
+        labels = np.concatenate([np.full(75, 20), rng.choice([0, 3, 7, 16, 23, 28], 75)])
+        labels = jnp.asarray(rng.permutation(labels), jnp.int32)
+        w = jnp.asarray(rng.uniform(0.1, 2.0, 150), dtype)
+        got = kernels.suff_stats_from_labels(X, labels, 29, w, **self.compiled_kwargs(),
+                                             **STATS_BLOCKS)
+        want = ref.suff_stats_from_labels(X, labels, 29, w)
+        rtol = kernel_rtol(dtype)
+        assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * 100)
+        assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * 100)
+        assert_close(got.sum_xx, want.sum_xx, rtol=rtol, atol=rtol * 100)
+
     def test_draws_skip_a_component_block_of_zero_weight(self):
         """k = 9 over two blocks of 8; the first block (and a padded tail) has no mass."""
         X, params, _ = make_case(20, 3, 9, np.float64)
