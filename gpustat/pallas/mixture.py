@@ -326,17 +326,11 @@ class _Pass:
     """Block settings and grid of one pass over n_pad rows and K components."""
 
     def __init__(self, settings: dict, n_pad: int, K: int):
-        self.settings, self.n_pad, self.K = settings, n_pad, K
         self.block_n, self.block_k = settings["block_n"], settings["block_k"]
         self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
         self.static = {"moments": settings["moments"]} if "moments" in settings else {}
         self.n_tiles = n_pad // self.block_n
         self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
-
-    def with_tiles(self, tiles_per_program: int) -> _Pass:
-        """The same pass with another number of row tiles per program."""
-        return _Pass({**self.settings, "tiles_per_program": tiles_per_program}, self.n_pad,
-                     self.K)
 
     def call(self, kernel, inputs, out_shape, *, interpret, **static):
         kernel = functools.partial(kernel, block_n=self.block_n, block_k=self.block_k,
@@ -390,20 +384,16 @@ class _Layout:
                                 algorithm=self.algorithm)
         return res[0], (res[1] if store_logits else None)
 
-    def stats_pass(self, kernel, Xp, inputs, extra_out=(), *, tiles_per_program=None,
-                   **static):
-        """Partials (counts, S1, S2) of a statistics kernel (plus its ``extra_out``), with
-        the statistics settings or another ``tiles_per_program``."""
-        stats = self.stats if tiles_per_program is None else self.stats.with_tiles(
-            tiles_per_program)
-        groups = stats.grid[1]
+    def stats_pass(self, kernel, Xp, inputs, extra_out=(), **static):
+        """Partials (counts, S1, S2) of a statistics kernel (plus its ``extra_out``)."""
+        groups = self.stats.grid[1]
         P = self.P
         s2_rows = P * P * 3 // 4 if self.packed else P * P
         out = [*extra_out, jax.ShapeDtypeStruct((groups, self.K), self.dtype),
                jax.ShapeDtypeStruct((groups, P, self.K), self.dtype),
                jax.ShapeDtypeStruct((groups, s2_rows, self.K), self.dtype)]
-        return stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
-                          algorithm=self.algorithm, **static)
+        return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
+                               algorithm=self.algorithm, **static)
 
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
         """Sum the per-group partials, mirror packed second moments and cut the padding."""
@@ -492,18 +482,13 @@ def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
 def _label_stats(layout, Xp, w, labels):
     """Partials of the label statistics: rows sorted by label (stable, so the sums are
     deterministic), then each component block's programs read only the tiles of its run
-    of rows, 1 / blocks of the one-hot products over unsorted rows. A row group then
-    meets about one block, so groups get 1 / blocks of the tiles: as many programs stay
-    busy as over unsorted rows (with the statistics settings' groups, 1 / blocks of them
-    worked: 2.2-2.8 ms at n = 1e6, k = 256 on an H100), for blocks times the partials'
-    memory."""
+    of rows, about 1 / (K / block_k) of the one-hot products over unsorted rows."""
     order = jnp.argsort(labels, stable=True)
     labels = labels[order]
     block_n, block_k = layout.stats.block_n, layout.stats.block_k
     edges = jnp.searchsorted(labels, jnp.arange(layout.stats.grid[0] + 1) * block_k)
     tiles = jnp.stack([edges[:-1] // block_n, -(-edges[1:] // block_n)]).astype(jnp.int32)
-    return layout.stats_pass(_label_stats_kernel, Xp[order], (w[order], labels, tiles),
-                             tiles_per_program=max(1, layout.stats.tiles // layout.stats.grid[0]))
+    return layout.stats_pass(_label_stats_kernel, Xp[order], (w[order], labels, tiles))
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
