@@ -162,14 +162,20 @@ class TestBorderKernel(KernelTests):
         if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
             check_golden(sol, [None, None, (3, 1, 2, 1.0)])
 
+    def streamed_and_reference(self, b, ridge=0.0):
+        """(kernel solution in 16-row chunks (STREAMING), reference solution) of batch b
+        with ``ridge`` on both blocks."""
+        ridges = np.full(b.num_atoms, ridge, b.H_tt.dtype)
+        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b, ridges,
+                                  ridges, interpret=self.backend == "interpret",
+                                  config=STREAMING)
+        want = solve_batched_border(b, ridge, ridge, backend="reference")
+        return type(want)(*out, layout=b.layout), want
+
     @pytest.mark.slow
     def test_streamed_and_packed_tiles_match_dense(self):
         atoms = random_pd_atoms(2)
-        b = batch_of(atoms)
-        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
-                                  np.full(3, GOLDEN_RIDGE), np.full(3, GOLDEN_RIDGE),
-                                  interpret=self.backend == "interpret", config=STREAMING)
-        sol = type(solve_batched_border(b, 0.0, 0.0, backend="reference"))(*out, layout=b.layout)
+        sol, _ = self.streamed_and_reference(batch_of(atoms), GOLDEN_RIDGE)
         assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
 
     def test_row_failure_bump_and_retry(self):
@@ -194,11 +200,7 @@ class TestBorderKernel(KernelTests):
         H_tt[21] = np.array([[1.0, 3.0], [3.0, 1.0]])
         atoms[0] = (H_tt, *atoms[0][1:])
         b = batch_of(atoms)
-        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
-                                  np.zeros(2), np.zeros(2),
-                                  interpret=self.backend == "interpret", config=STREAMING)
-        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
-        got = type(want)(*out, layout=b.layout)
+        got, want = self.streamed_and_reference(b)
         np.testing.assert_array_equal(got.status, [1, 0])
         np.testing.assert_array_equal(got.row, [21, -1])
         assert_same_solution(got, want, rtol=1e-12)
@@ -227,11 +229,7 @@ class TestBorderKernel(KernelTests):
         poke(5, 1, (35, 0, 0), np.nan)
         poke(6, 1, (20, 0, 1), 1e300)
         b = batch_of(atoms)
-        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
-                                  np.zeros(8), np.zeros(8),
-                                  interpret=self.backend == "interpret", config=STREAMING)
-        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
-        got = type(want)(*out, layout=b.layout)
+        got, want = self.streamed_and_reference(b)
         np.testing.assert_array_equal(np.asarray(want.status)[:6], 3)
         assert int(want.status[6]) not in (0, 3) and int(want.status[7]) == 0
         np.testing.assert_array_equal(got.status, want.status)
@@ -250,11 +248,7 @@ class TestBorderKernel(KernelTests):
         atoms = [scaled_rows_atom(rng, np.resize(scales, 40), 5, dtype),
                  random_pd_atom(rng, 17, 2, 3)]
         b = batch_of(atoms, dtype)
-        out = solve_border_pallas(b.layout, b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b,
-                                  np.zeros(2, dtype), np.zeros(2, dtype),
-                                  interpret=self.backend == "interpret", config=STREAMING)
-        want = solve_batched_border(b, 0.0, 0.0, backend="reference")
-        got = type(want)(*out, layout=b.layout)
+        got, want = self.streamed_and_reference(b)
         np.testing.assert_array_equal(got.status, [0, 0])
         assert abs(float(want.log_det[0])) > (1e3 if dtype == np.float64 else 1e2)
         rtol = 1e-10 if dtype == np.float64 else 1e-4
