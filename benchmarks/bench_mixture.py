@@ -40,6 +40,7 @@ from gpustat.mixture_mstep import m_step
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_priors import NIWPrior, StickBreakingPrior
 from gpustat.pallas import mixture as kernels
+from gpustat.pallas.mixture_labels import LABEL_BLOCKS
 from gpustat.reference import mixture as ref
 
 # GPUSTAT_BENCH_MIXTURE_SMOKE=1: tiny sizes in interpret mode (checks the script on a CPU)
@@ -375,7 +376,7 @@ def bench_gibbs(rec, X, params, settings):
         rec.record("gibbs_sweep", shape=(n, p, K), dtype="float32", backend="pallas",
                    timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
                    extra={"precision": precision, "density_blocks": density,
-                          "stats_blocks": stats,
+                          "stats_blocks": stats, "label_blocks": LABEL_BLOCKS[precision],
                           "speedup_vs_xla": xla_t.median_ms / t.median_ms})
         print(f"gibbs_sweep {precision}: {t.median_ms:.2f} ms "
               f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)

@@ -36,8 +36,8 @@ program (kb, g) walks ``tiles_per_program`` row tiles and writes one partial per
 Kernels: ``_density_kernel`` (block lse, optionally the logits), ``_suff_stats_kernel``
 (r = w exp(logit - log p(x))), ``_draw_kernel`` (inverse-CDF label inside the component
 block where the row's uniform lands, known from the block masses),
-``_label_stats_kernel`` (r = one-hot of labels, over rows sorted by label so that a
-component block reads only its own run of row tiles), ``_mvn_logpdf_kernel``.
+``_mvn_logpdf_kernel``; the statistics of the drawn labels are
+:mod:`gpustat.pallas.mixture_labels`.
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
@@ -62,6 +62,7 @@ from gpustat.mixture_params import (
 )
 from gpustat.mixture_validation import check_precision
 from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat.pallas.mixture_labels import LABEL_BLOCKS, label_stats
 
 __all__ = [
     "DEFAULT_BLOCKS",
@@ -170,14 +171,11 @@ def _safe_max(logits):
     return jnp.where(top > -jnp.inf, top, 0.0)
 
 
-def _tile_loop(body, init, *, tiles_per_program, n_tiles, tile_range=None):
-    """fori_loop over this program's row tiles [g * tiles_per_program, ...), cut to the
-    tiles [lo, hi) of ``tile_range`` where given (none when they do not meet)."""
+def _tile_loop(body, init, *, tiles_per_program, n_tiles):
+    """fori_loop over this program's row tiles [g * tiles_per_program, ...)."""
     first = pl.program_id(1) * tiles_per_program
-    lo, hi = first, jnp.minimum(first + tiles_per_program, n_tiles)
-    if tile_range is not None:
-        lo, hi = jnp.maximum(lo, tile_range[0]), jnp.minimum(hi, tile_range[1])
-    return jax.lax.fori_loop(lo, hi, body, init)
+    return jax.lax.fori_loop(first, jnp.minimum(first + tiles_per_program, n_tiles), body,
+                             init)
 
 
 def _density_kernel(x_ref, *refs, store_logits, block_n, block_k, tiles_per_program, n_tiles,
@@ -213,10 +211,10 @@ def _second_moment_rows(xt, xt_ref, rows, moments):
 
 
 def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, moments, block_n,
-               block_k, tiles_per_program, n_tiles, algorithm, tile_range=None):
+               block_k, tiles_per_program, n_tiles, algorithm):
     """N += sum r, S1 += x^T r, S2 += (second-moment rows) r of ``responsibilities_fn(rows)``
-    (block_n, block_k) over this program's row tiles (within ``tile_range``, see
-    :func:`_tile_loop`), in registers; then store the partials.
+    (block_n, block_k) over this program's row tiles, in registers; then store the
+    partials.
 
     Rows are the contraction axis of every product, so the tile is read transposed
     (xt (P, block_n), from X^T) and r is the right operand as it stands.
@@ -237,7 +235,7 @@ def _run_stats(xt_ref, responsibilities_fn, counts_ref, s1_ref, s2_ref, *, momen
     init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
             tuple(jnp.zeros((m, block_k), dtype) for m in s2_rows))
     counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
-                                n_tiles=n_tiles, tile_range=tile_range)
+                                n_tiles=n_tiles)
     kb, g = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(kb * block_k, block_k)
     counts_ref[g, cols] = counts
@@ -258,11 +256,9 @@ def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loo
 
 
 def _draw_kernel(u_ref, lse_ref, start_ref, landing_ref, logits_ref, label_ref, *, block_n,
-                 block_k, tiles_per_program, n_tiles, n_components, moments):
+                 block_k, tiles_per_program, n_tiles, n_components):
     """Inverse-CDF label of each row whose uniform lands in component block kb (0 in the
-    other blocks' rows; the caller sums over blocks). Runs on the statistics pass's grid;
-    ``moments`` is that pass's setting, unused here."""
-    del moments
+    other blocks' rows; the caller sums over blocks). Runs on the statistics pass's grid."""
     kb = pl.program_id(0)
     cols = pl.ds(kb * block_k, block_k)
 
@@ -278,20 +274,6 @@ def _draw_kernel(u_ref, lse_ref, start_ref, landing_ref, logits_ref, label_ref, 
         return carry
 
     _tile_loop(body, 0, tiles_per_program=tiles_per_program, n_tiles=n_tiles)
-
-
-def _label_stats_kernel(xt_ref, w_ref, label_ref, tiles_ref, *outs, block_k, **loop):
-    """Statistics of hard labels, rows sorted by label: component block kb reads only the
-    row tiles [tiles_ref[0, kb], tiles_ref[1, kb]) that hold its rows."""
-    kb = pl.program_id(0)
-    component = kb * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
-
-    def responsibilities(rows):
-        onehot = label_ref[rows][:, None] == component
-        return onehot.astype(xt_ref.dtype) * w_ref[rows][:, None]
-
-    _run_stats(xt_ref, responsibilities, *outs, block_k=block_k,
-               tile_range=(tiles_ref[0, kb], tiles_ref[1, kb]), **loop)
 
 
 def _mvn_logpdf_kernel(x_ref, *refs, block_n, block_k, algorithm):
@@ -328,14 +310,13 @@ class _Pass:
     def __init__(self, settings: dict, n_pad: int, K: int):
         self.block_n, self.block_k = settings["block_n"], settings["block_k"]
         self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
-        self.static = {"moments": settings["moments"]} if "moments" in settings else {}
         self.n_tiles = n_pad // self.block_n
         self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
 
     def call(self, kernel, inputs, out_shape, *, interpret, **static):
         kernel = functools.partial(kernel, block_n=self.block_n, block_k=self.block_k,
                                    tiles_per_program=self.tiles, n_tiles=self.n_tiles,
-                                   **self.static, **static)
+                                   **static)
         return pallas_call(
             kernel, interpret=interpret, num_warps=self.num_warps, grid=self.grid,
             in_specs=[_full_spec(a.shape) for a in inputs],
@@ -360,7 +341,8 @@ class _Layout:
         self.K = -(-n_components // col_multiple) * col_multiple
         self.density = _Pass(density, self.n_pad, self.K)
         self.stats = _Pass(stats, self.n_pad, self.K)
-        self.packed = stats["moments"] == "packed"
+        self.moments = stats["moments"]
+        self.packed = self.moments == "packed"
         self.algorithm = _dot_algorithm(dtype, precision)
         self.interpret = interpret
         self.dtype = dtype
@@ -393,7 +375,7 @@ class _Layout:
                jax.ShapeDtypeStruct((groups, P, self.K), self.dtype),
                jax.ShapeDtypeStruct((groups, s2_rows, self.K), self.dtype)]
         return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
-                               algorithm=self.algorithm, **static)
+                               algorithm=self.algorithm, moments=self.moments, **static)
 
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
         """Sum the per-group partials, mirror packed second moments and cut the padding."""
@@ -470,36 +452,35 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str =
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
                            **blocks) -> SuffStats:
-    """Statistics of hard labels with one-hot responsibilities built in-kernel."""
-    layout = _Layout(*X.shape, n_components, X.dtype, precision=precision, interpret=interpret,
-                     stats_blocks=blocks)
-    w = layout.pad_rows(_unit_weights(X, sample_weight))
-    labels = layout.pad_rows(labels.astype(jnp.int32))
-    partials = _label_stats(layout, layout.padded_x(X), w, labels)
-    return layout.sum_stats(*partials, jnp.zeros((), X.dtype))
+    """Statistics of hard labels: rows sorted by label, one product per row tile of each
+    component's run (:mod:`gpustat.pallas.mixture_labels`). ``blocks``: settings
+    overriding :data:`~gpustat.pallas.mixture_labels.LABEL_BLOCKS`."""
+    p = X.shape[1]
+    Xp = jnp.pad(X, ((0, 0), (0, padded_features(p) - p)))
+    return label_stats(Xp, _unit_weights(X, sample_weight), labels.astype(jnp.int32),
+                       n_components, p, algorithm=_dot_algorithm(X.dtype, precision),
+                       interpret=interpret, **_label_settings(X.dtype, precision, blocks))
 
 
-def _label_stats(layout, Xp, w, labels):
-    """Partials of the label statistics: rows sorted by label (stable, so the sums are
-    deterministic), then each component block's programs read only the tiles of its run
-    of rows, about 1 / (K / block_k) of the one-hot products over unsorted rows."""
-    order = jnp.argsort(labels, stable=True)
-    labels = labels[order]
-    block_n, block_k = layout.stats.block_n, layout.stats.block_k
-    edges = jnp.searchsorted(labels, jnp.arange(layout.stats.grid[0] + 1) * block_k)
-    tiles = jnp.stack([edges[:-1] // block_n, -(-edges[1:] // block_n)]).astype(jnp.int32)
-    return layout.stats_pass(_label_stats_kernel, Xp[order], (w[order], labels, tiles))
+def _label_settings(dtype, precision: str, blocks: dict | None) -> dict:
+    """The label statistics' settings: the defaults of the dtype and precision, updated."""
+    check_precision(precision)
+    precision = "highest" if jnp.dtype(dtype) == jnp.float64 else precision
+    return _settings(LABEL_BLOCKS[precision], blocks)
 
 
 def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = "highest",
                              interpret: bool = False, rows_per_chunk: int = ROWS_PER_CHUNK,
                              density_blocks: dict | None = None,
-                             stats_blocks: dict | None = None):
-    """Inverse-CDF draw per row fused with the statistics of the drawn labels.
+                             stats_blocks: dict | None = None,
+                             label_blocks: dict | None = None):
+    """Inverse-CDF draw per row (on the statistics pass's grid) followed by the statistics
+    of the drawn labels (:func:`suff_stats_from_labels`, settings ``label_blocks``).
 
     Row i uses u_i = ``jax.random.uniform(key, (n,))[i]``. Returns (labels (n,) int32,
     log p(x) (n,), :class:`SuffStats` of the labels).
     """
+    label_settings = _label_settings(X.dtype, precision, label_blocks)
     u_all = jax.random.uniform(key, (X.shape[0],), dtype=X.dtype)
 
     def chunk(Xc, uc, wc):
@@ -527,10 +508,11 @@ def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = 
             _draw_kernel, (u, lse, start, landing, logits),
             [jax.ShapeDtypeStruct((blocks, layout.n_pad), jnp.int32)],
             interpret=layout.interpret, n_components=layout.k)
-        labels = jnp.sum(labels, axis=0)
-        partials = _label_stats(layout, Xp, layout.pad_rows(wc), labels)
-        return (layout.sum_stats(*partials, jnp.zeros((), X.dtype)), labels[:layout.n],
-                lse[:layout.n])
+        labels = jnp.sum(labels, axis=0)[:layout.n]
+        stats = label_stats(Xp[:layout.n], wc, labels, layout.k, layout.p,
+                            algorithm=layout.algorithm, interpret=layout.interpret,
+                            **label_settings)
+        return stats, labels, lse[:layout.n]
 
     stats, labels, lse = _over_chunks(chunk, rows_per_chunk,
                                       (X, u_all, jnp.ones(X.shape[0], X.dtype)))
@@ -577,23 +559,21 @@ def _register_lowering_cases() -> None:
     # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
     small = dict(block_n=16, block_k=8)
     cases = {
-        "suff_stats_from_labels": lambda X, _, labels: suff_stats_from_labels(X, labels, k),
-        "log_prob": lambda X, prm, _: log_prob(X, prm),
-        "suff_stats_tf32x3": lambda X, prm, _: suff_stats(X, prm, precision="tf32x3"),
-        "suff_stats_packed": lambda X, prm, _: suff_stats(
+        "log_prob": lambda X, prm: log_prob(X, prm),
+        "suff_stats_tf32x3": lambda X, prm: suff_stats(X, prm, precision="tf32x3"),
+        "suff_stats_packed": lambda X, prm: suff_stats(
             X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),
-        "suff_stats_small_blocks": lambda X, prm, _: suff_stats(
+        "suff_stats_small_blocks": lambda X, prm: suff_stats(
             X, prm, density_blocks=small, stats_blocks=small),
-        "mvn_logpdf": lambda X, prm, _: mvn_logpdf(X, prm),
-        "sample_labels_with_stats": lambda X, prm, _: sample_labels_with_stats(
+        "mvn_logpdf": lambda X, prm: mvn_logpdf(X, prm),
+        "sample_labels_with_stats": lambda X, prm: sample_labels_with_stats(
             jax.random.key(0), X, prm),
     }
     for dtype in (jnp.float32, jnp.float64):
         for name, fn in cases.items():
             register_lowering_case(
                 "mixture", f"{name}_{jnp.dtype(dtype).name}", fn,
-                (jax.ShapeDtypeStruct((n, p), dtype), params_of(dtype),
-                 jax.ShapeDtypeStruct((n,), jnp.int32)))
+                (jax.ShapeDtypeStruct((n, p), dtype), params_of(dtype)))
 
 
 _register_lowering_cases()

@@ -18,6 +18,7 @@ from tests.helpers import KernelTests, assert_close, tol
 # small blocks so that a few rows/components already span several tiles
 BLOCKS = dict(block_n=16, block_k=8)
 STATS_BLOCKS = dict(block_n=16, block_k=8, tiles_per_program=2)
+LABEL_BLOCKS = dict(block_n=16, tiles_per_item=2)
 
 
 def make_case(n, p, k, dtype, seed=0):
@@ -79,7 +80,7 @@ class TestMixtureKernels(KernelTests):
             1.0 if dtype == np.float64 else 0.95)
         assert_close(lp, want_lp, rtol=kernel_rtol(dtype), atol=kernel_rtol(dtype))
         rtol = kernel_rtol(dtype)
-        got = kernels.suff_stats_from_labels(X, want_labels, 5, **kw, **STATS_BLOCKS)
+        got = kernels.suff_stats_from_labels(X, want_labels, 5, **kw, **LABEL_BLOCKS)
         want = ref.suff_stats_from_labels(X, want_labels, 5)
         assert_close(got.counts, want.counts, rtol=0)
         assert_close(got.sum_x, want.sum_x, rtol=rtol, atol=rtol * 10)
@@ -88,7 +89,7 @@ class TestMixtureKernels(KernelTests):
         fused_labels, _, fused = kernels.sample_labels_with_stats(
             key, X, params, density_blocks=BLOCKS,
             stats_blocks=dict(STATS_BLOCKS, moments="packed" if dtype == np.float64 else "full"),
-            **kw)
+            label_blocks=LABEL_BLOCKS, **kw)
         assert_close(fused_labels, labels, rtol=0)
         want = ref.suff_stats_from_labels(X, fused_labels, 5)
         assert_close(fused.counts, want.counts, rtol=0)
@@ -97,16 +98,16 @@ class TestMixtureKernels(KernelTests):
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
     def test_label_statistics_of_unsorted_rows_over_many_blocks(self, dtype):
-        """k = 29 in four blocks of 8 (the last ragged), 150 rows in random order: block 1
-        has no rows, component 20 takes half of them (runs over many 16-row tiles), and
-        the runs of the other blocks start and end inside tiles; weighted rows."""
+        """k = 29, 150 rows in random order, weighted: most components have no rows,
+        component 20 takes half of them (a run over five or six 16-row tiles, so three
+        work items of up to 2 tiles), and the other runs start and end inside tiles."""
         rng = np.random.default_rng(7)
         X = jnp.asarray(rng.normal(size=(150, 3)), dtype)
         labels = np.concatenate([np.full(75, 20), rng.choice([0, 3, 7, 16, 23, 28], 75)])
         labels = jnp.asarray(rng.permutation(labels), jnp.int32)
         w = jnp.asarray(rng.uniform(0.1, 2.0, 150), dtype)
         got = kernels.suff_stats_from_labels(X, labels, 29, w, **self.compiled_kwargs(),
-                                             **STATS_BLOCKS)
+                                             **LABEL_BLOCKS)
         want = ref.suff_stats_from_labels(X, labels, 29, w)
         rtol = kernel_rtol(dtype)
         assert_close(got.counts, want.counts, rtol=rtol, atol=rtol * 100)
