@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from gpustat import mixture_ops
+from gpustat import mixture_ops, random_draws
 from gpustat.mixture_init import initialize
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_priors import NIWPrior, StickBreakingPrior, niw_posterior, stick_weights
@@ -66,16 +66,25 @@ class GibbsResult:
     means: Float[Array, "c t m p"]
 
 
-def _bartlett_factor(key, dof, p, dtype):
-    """Lower-triangular A with A A^T ~ Wishart(dof, I): A_ii^2 ~ chi2(dof - i), A_ij ~ N(0, 1)."""
+def _bartlett_upper(key, dof, p, dtype):
+    """Upper-triangular B with B B^T ~ Wishart(dof, I).
+
+    The Bartlett factor with its coordinates reversed: B_ii^2 ~ chi2(dof - (p - 1 - i)),
+    B_ij ~ N(0, 1) above the diagonal (reversing the coordinates keeps Wishart(dof, I)).
+    """
     k_diag, k_off = jax.random.split(key)
-    chi2 = 2.0 * jax.random.gamma(k_diag, (dof - jnp.arange(p, dtype=dtype)) / 2.0, dtype=dtype)
+    half_dof = (dof - jnp.arange(p - 1, -1, -1, dtype=dtype)) / 2.0
+    diag = jnp.sqrt(2.0 * random_draws.gamma(k_diag, half_dof))
     normal = jax.random.normal(k_off, (p, p), dtype)
-    return jnp.tril(normal, -1) + jnp.diag(jnp.sqrt(chi2))
+    return jnp.triu(normal, 1) + jnp.diag(diag)
 
 
 def sample_niw_posterior(key, prior: NIWPrior, stats: SuffStats) -> MixtureParams:
     """Draw (mu_j, Sigma_j) for every component from its normal-inverse-Wishart posterior.
+
+    With Phi_n = L L^T and B from :func:`_bartlett_upper`, U = L^-T B is upper triangular
+    and U U^T ~ Wishart(nu_n, Phi_n^-1): the precision Cholesky factor in scikit-learn's
+    convention, drawn with one Cholesky and two triangular solves per component.
 
     Args:
         key: PRNG key.
@@ -89,22 +98,21 @@ def sample_niw_posterior(key, prior: NIWPrior, stats: SuffStats) -> MixtureParam
     k, p = m_n.shape
     dtype = m_n.dtype
     eye = jnp.eye(p, dtype=dtype)
+    solve = jax.scipy.linalg.solve_triangular
 
     def one(key, kappa, mean, nu, phi):
         k_w, k_mu = jax.random.split(key)
-        # Lambda = L A A^T L^T ~ Wishart(nu, Phi^-1) with L L^T = Phi^-1
-        inv_phi = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(phi), True), eye)
-        root = jnp.matmul(jnp.linalg.cholesky(inv_phi), _bartlett_factor(k_w, nu, p, dtype),
-                          precision=jax.lax.Precision.HIGHEST)
-        precision = jnp.matmul(root, root.T, precision=jax.lax.Precision.HIGHEST)
-        # mu = m_n + Lambda^{-1/2} z / sqrt(kappa_n): solve root^T y = z, cov(y) = Lambda^-1
+        lower = jnp.linalg.cholesky(phi)
+        u = solve(lower.T, _bartlett_upper(k_w, nu, p, dtype), lower=False)
+        inv_u = solve(u, eye, lower=False)
+        covariance = jnp.matmul(inv_u.T, inv_u, precision=jax.lax.Precision.HIGHEST)
+        # mu = m_n + U^-T z / sqrt(kappa_n): cov(U^-T z) = (U U^T)^-1 = Sigma
         z = jax.random.normal(k_mu, (p,), dtype)
-        mu = mean + jax.scipy.linalg.solve_triangular(root.T, z, lower=False) / jnp.sqrt(kappa)
-        return mu, precision
+        mu = mean + jnp.matmul(inv_u.T, z, precision=jax.lax.Precision.HIGHEST) / jnp.sqrt(kappa)
+        return mu, covariance, u
 
-    means, precisions = jax.vmap(one)(jax.random.split(key, k), kappa_n, m_n, nu_n, phi_n)
-    return MixtureParams.from_precisions(jnp.full((k,), 1.0 / k, dtype), means, precisions,
-                                         "full")
+    means, covariances, chol = jax.vmap(one)(jax.random.split(key, k), kappa_n, m_n, nu_n, phi_n)
+    return MixtureParams(jnp.full((k,), 1.0 / k, dtype), means, covariances, chol, "full")
 
 
 def sample_sticks(key, counts: Float[Array, " m"], prior: StickBreakingPrior, alpha,
@@ -117,13 +125,13 @@ def sample_sticks(key, counts: Float[Array, " m"], prior: StickBreakingPrior, al
     k_v, k_a = jax.random.split(key)
     dtype = counts.dtype
     later = jnp.cumsum(counts[::-1])[::-1] - counts  # sum_{l > j} N_l
-    v = jax.random.beta(k_v, 1.0 + counts, alpha + later, dtype=dtype)
+    v = random_draws.beta(k_v, (1.0 + counts).astype(dtype), (alpha + later).astype(dtype))
     tiny = jnp.finfo(dtype).eps
     v = jnp.clip(v, tiny, 1 - tiny).at[-1].set(1.0)
     m = counts.shape[0]
     if sample_alpha:
         rate = prior.alpha_rate - jnp.sum(jnp.log1p(-v[:-1]))
-        alpha = jax.random.gamma(k_a, prior.alpha_shape + m - 1, dtype=dtype) / rate
+        alpha = random_draws.gamma(k_a, jnp.asarray(prior.alpha_shape + m - 1, dtype)) / rate
     return v, stick_weights(v), alpha
 
 

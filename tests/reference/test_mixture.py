@@ -214,7 +214,11 @@ def test_niw_posterior_draws_match_closed_form_moments():
         mean_sigma = phi_n / (nu_n - p - 1)
         sig = np.asarray(sampled.covariances[:, j])
         mu = np.asarray(sampled.means[:, j])
-        for got, want in ((mu, m_n), (sig, mean_sigma)):
+        u = np.asarray(sampled.precisions_cholesky[:, j])
+        assert np.all(np.tril(u, -1) == 0) and np.all(np.diagonal(u, axis1=1, axis2=2) > 0)
+        lam = u @ u.transpose(0, 2, 1)  # ~ Wishart(nu_n, Phi_n^-1): mean nu_n Phi_n^-1
+        assert_close(sig @ lam, np.broadcast_to(np.eye(p), sig.shape), rtol=0, atol=1e-10)
+        for got, want in ((mu, m_n), (sig, mean_sigma), (lam, nu_n * np.linalg.inv(phi_n))):
             se = got.std(axis=0) / np.sqrt(draws)
             z = np.abs(got.mean(axis=0) - want) / se
             assert np.all(z < 4.0), (j, z)

@@ -1,0 +1,61 @@
+"""Batched-proposal gamma and beta draws vs scipy's distributions (Kolmogorov-Smirnov)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from gpustat import random_draws
+
+DRAWS = 20_000
+
+
+def ks_pvalue(sample, dist):
+    return stats.kstest(np.asarray(sample, np.float64), dist.cdf).pvalue
+
+
+@pytest.mark.parametrize("shape", [0.05, 0.3, 1.0, 2.5, 40.0, 1e4])
+def test_gamma_float64_follows_scipy(shape):
+    draws = random_draws.gamma(jax.random.key(3), jnp.full((DRAWS,), shape, jnp.float64))
+    assert draws.dtype == jnp.float64
+    assert ks_pvalue(draws, stats.gamma(shape)) > 1e-3
+
+
+@pytest.mark.parametrize("shape", [0.5, 3.0, 100.0])
+def test_gamma_float32_follows_scipy(shape):
+    draws = random_draws.gamma(jax.random.key(4), jnp.full((DRAWS,), shape, jnp.float32))
+    assert draws.dtype == jnp.float32
+    assert ks_pvalue(draws, stats.gamma(shape)) > 1e-3
+
+
+def test_redraw_loop_keeps_the_distribution():
+    # one proposal a round: ~5% of the elements at shape 1 go through the while_loop
+    draws = random_draws.gamma(jax.random.key(5), jnp.ones(DRAWS), proposals=1)
+    assert ks_pvalue(draws, stats.gamma(1.0)) > 1e-3
+
+
+def test_log_gamma_keeps_tiny_draws_in_logarithms():
+    logs = random_draws.log_gamma(jax.random.key(6), jnp.full((DRAWS,), 0.01, jnp.float32))
+    assert np.all(np.isfinite(logs))
+    assert ks_pvalue(np.exp(np.asarray(logs, np.float64)), stats.gamma(0.01)) > 1e-3
+
+
+@pytest.mark.parametrize("a, b", [(0.7, 3.0), (25.0, 4000.0), (1.0, 1.0)])
+def test_beta_follows_scipy(a, b):
+    draws = random_draws.beta(jax.random.key(7), jnp.full((DRAWS,), a), b)
+    assert ks_pvalue(draws, stats.beta(a, b)) > 1e-3
+
+
+def test_invalid_shapes_give_nan_and_the_rest_draw():
+    a = jnp.array([jnp.nan, -1.0, 0.0, jnp.inf, 2.0])
+    draws = np.asarray(random_draws.gamma(jax.random.key(8), a))
+    assert np.all(np.isnan(draws[:4])) and np.isfinite(draws[4]) and draws[4] > 0
+
+
+def test_jit_and_vmap_over_keys_give_independent_draws():
+    keys = jax.random.split(jax.random.key(9), 4000)
+    draws = jax.jit(jax.vmap(lambda k: random_draws.gamma(k, jnp.array([2.0, 0.4]))))(keys)
+    assert draws.shape == (4000, 2)
+    assert ks_pvalue(draws[:, 0], stats.gamma(2.0)) > 1e-3
+    assert ks_pvalue(draws[:, 1], stats.gamma(0.4)) > 1e-3
