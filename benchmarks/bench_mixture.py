@@ -1,6 +1,6 @@
 """Benchmarks: Gaussian-mixture EM iteration and Gibbs sweep (n = 1e6, p = 16, k = 256, full).
 
-Cases (all float32, same process, same device):
+Cases (float32 unless said, same process, same device):
 
 * correctness first: per-point log-likelihood vs float64 on 65,536 rows for the kernels,
   XLA's chunked reference (what ``backend="auto"`` runs off-kernel) and the quadratic GEMM;
@@ -17,6 +17,9 @@ Cases (all float32, same process, same device):
 * ``gibbs_sweep``: the fused label-draw + label-statistics kernels vs the plain-XLA sweep
   (Phi W, inverse-CDF on the n x k matrix, one-hot R^T Phi), same NIW/stick draws;
 * ``fit_1e8``: n = 1e8 rows fitted on one GPU (two EM iterations), peak memory recorded.
+* float64 (``bench_float64``): ``log_prob``, ``em_iteration`` and ``gibbs_labels`` (label
+  draw + label statistics) of the kernels at their float64 defaults against XLA's chunked
+  reference, outputs checked against it first.
 
 FLOP per EM iteration of the kernels (p = P = 16, k = 256): the whitened density once,
 2 n k p P = 1.3e11 counted as full products (the kernel contracts 8 features for the first
@@ -179,14 +182,14 @@ def kernel_flop(n, p, k, moments="full"):
     return density_flop(n, p, k) + 2 * n * k * P * (rows + 1)
 
 
-def guarded(rec, case, shape, extra, fn):
+def guarded(rec, case, shape, extra, fn, dtype="float32"):
     """Run one case; a failure (compile or check) is recorded and printed, not raised."""
     try:
         return fn()
     except Exception as err:  # one failing setting must not lose the others
         message = f"{type(err).__name__}: {err}"[:400]
         print(f"FAILED {case} {extra}: {message}", flush=True)
-        rec.record(case, shape=shape, dtype="float32", backend="pallas", timing=None,
+        rec.record(case, shape=shape, dtype=dtype, backend="pallas", timing=None,
                    extra={**extra, "error": message})
         return None
 
@@ -430,11 +433,61 @@ def bench_at_1e6(rec, quick):
     return best
 
 
+def bench_float64(rec):
+    """float64 kernels (default settings) against XLA's chunked reference, which is what
+    ``backend="auto"`` ran for float64 before they were measured: the density pass
+    (log p(x)), one EM iteration, and a Gibbs label draw with its label statistics."""
+    X32, params32 = make_problem(N, P, K)
+    X = X32.astype(jnp.float64)
+    params = jax.tree.map(lambda a: a.astype(jnp.float64), params32)
+    shape = (N, P, K)
+    key = jax.random.key(7)
+
+    def reference_labels(X, params):
+        labels = ref.sample_labels(key, X, params)
+        return labels, ref.suff_stats_from_labels(X, labels, K)
+
+    def kernel_labels(X, params):
+        labels, _, stats = kernels.sample_labels_with_stats(key, X, params,
+                                                            interpret=INTERPRET)
+        return labels, stats
+
+    cases = {  # case: (kernel, reference, check of the kernel's output against the reference's)
+        "log_prob": (functools.partial(kernels.log_prob, interpret=INTERPRET), ref.log_prob,
+                     lambda got, want: check_close("log_prob float64", got, want, rtol=1e-10)),
+        "em_iteration": (kernel_em_step("highest", None, None), reference_em_iteration,
+                         lambda got, want: check_close("loglik float64", got[1], want[1],
+                                                       rtol=1e-12)),
+        "gibbs_labels": (kernel_labels, reference_labels, lambda got, want: (
+            check_close("labels float64", got[0], want[0], rtol=0.0),
+            check_close("label sum_xx float64", got[1].sum_xx, want[1].sum_xx, rtol=1e-12))),
+    }
+
+    def one(case, kernel_fn, reference_fn, check):
+        kernel, reference = jax.jit(kernel_fn), jax.jit(reference_fn)
+        check(kernel(X, params), reference(X, params))
+        ref_t, t = time_fn(reference, [(X, params)]), time_fn(kernel, [(X, params)])
+        rec.record(case, shape=shape, dtype="float64", backend="xla_reference", timing=ref_t,
+                   items=N, item_name="rows")
+        rec.record(case, shape=shape, dtype="float64", backend="pallas", timing=t, items=N,
+                   item_name="rows", baseline="xla_reference",
+                   extra={"blocks": kernels.default_blocks(jnp.float64, "highest"),
+                          "speedup_vs_reference": ref_t.median_ms / t.median_ms})
+        print(f"{case} float64: kernels {t.median_ms:.2f} ms, reference "
+              f"{ref_t.median_ms:.2f} ms ({ref_t.median_ms / t.median_ms:.1f}x)", flush=True)
+
+    for case, fns in cases.items():
+        guarded(rec, case, shape, {"precision": "float64"},
+                lambda case=case, fns=fns: one(case, *fns), dtype="float64")
+
+
 def run(quick: bool, out=None) -> None:
     rec = Recorder("mixture", out)
     rec.measure_copy()
     with x64_for(jnp.float32):  # every timed case is float32 (see x64_for)
         _run_float32(rec, quick)
+    with x64_for(jnp.float64):
+        bench_float64(rec)
 
 
 def _run_float32(rec, quick):

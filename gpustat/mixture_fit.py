@@ -146,7 +146,7 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em", X.dtype)
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
     return _fit_em_jit(X, init, w, weight_prior, component_prior,
                        jnp.asarray(initial_lower_bound, X.dtype), tol=tol, max_iter=max_iter,
                        reg_covar=reg_covar, path=path, precision=precision)
@@ -246,8 +246,7 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
     """
     X_batch = check_data(X_batch, "X_batch")
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, X_batch.shape[1], "online_em_step",
-                                                   X_batch.dtype)
+    path = mixture_ops.resolve_mixture_backend(backend, X_batch.shape[1], "online_em_step")
     Xc = X_batch - state.shift
     stats = mixture_ops.dispatch_suff_stats(Xc, state.params, None, path=path,
                                             precision=precision)

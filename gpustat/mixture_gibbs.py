@@ -179,7 +179,7 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
     if n_components < 1 or n_sweeps < 1 or n_chains < 1:
         raise ValueError(f"need n_components, n_sweeps, n_chains >= 1, got {n_components=}, "
                          f"{n_sweeps=}, {n_chains=}")
-    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs", X.dtype)
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
     if init is not None:
         init = check_params(init, X.shape[1], X.dtype)
     sticks_prior = StickBreakingPrior(jnp.asarray(alpha, X.dtype)) if weight_prior is None \

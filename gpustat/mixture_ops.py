@@ -4,9 +4,9 @@ Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "inte
 and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
 "tf32x3" = three TF32 tensor-core products; plain TF32 is never used). float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
-p <= 32 features. On a GPU "auto" runs the kernels for float32 and 16-bit data (the
-H100 benchmark measured them 2.9x faster than XLA's reference per EM iteration) and
-the reference for float64 (not benchmarked). On
+p <= 32 features. On a GPU "auto" runs the kernels for every dtype (the H100 benchmark
+measured them ~5x faster than XLA's reference per EM iteration in float32 and in
+float64). On
 kernel paths the public ops shift X by sum_j w_j mu_j (by the data mean for labels)
 before the whitened products x^T U_j and shift the moments back, so uncentred float32
 data keep their accuracy; the drivers, which centre X themselves, call the kernels
@@ -43,16 +43,15 @@ __all__ = [
 ]
 
 
-def resolve_mixture_backend(backend: str, n_features: int, op: str, dtype) -> str:
+def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
     """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
-    # "auto" runs the kernels for float32 (and 16-bit) data: on an H100 at n=1e6, p=16,
-    # k=256 (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit e908bc7) one
-    # EM iteration took 8.27 ms with the kernels at precision="highest" (7.47 ms at
-    # "tf32x3") against 40.09 ms for XLA's chunked reference. float64 kernels were not
-    # benchmarked, so float64 stays on the reference under "auto".
+    # "auto" runs the kernels on a CUDA GPU: on an H100 at n=1e6, p=16, k=256
+    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl) one float32 EM iteration
+    # took 8.3 ms at precision="highest" against 40.7 ms for XLA's chunked reference,
+    # and in float64 the kernels beat the reference ~5x per EM iteration and ~8x per
+    # density pass and Gibbs label draw (docs/mixture.md).
     return resolve_backend(
         backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
-        auto_prefers_kernel=jnp.dtype(dtype) != jnp.float64,
         unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "
                            f"p={n_features}")
 
@@ -61,7 +60,7 @@ def _prepare(X, params, op, backend, precision):
     X = check_data(X)
     params = check_params(params, X.shape[1], X.dtype)
     check_precision(precision)
-    return X, params, resolve_mixture_backend(backend, X.shape[1], op, X.dtype)
+    return X, params, resolve_mixture_backend(backend, X.shape[1], op)
 
 
 def _centred(X, params: MixtureParams):
@@ -262,7 +261,7 @@ def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_c
         raise ValueError(f"n_components must be >= 1, got {n_components=}")
     labels = check_labels(labels, X.shape[0], n_components)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
-    path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels", X.dtype)
+    path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels")
     if path == "reference":
         return dispatch_suff_stats_from_labels(X, labels, n_components, w, path=path,
                                                precision=precision)

@@ -41,8 +41,8 @@ block where the row's uniform lands, known from the block masses),
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
-float64 dots are native float64. Block settings default per precision
-(:data:`DEFAULT_BLOCKS`; float64 takes the "highest" ones).
+float64 dots are native float64. Block settings default per float32 precision and for
+float64 (:data:`DEFAULT_BLOCKS`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ __all__ = [
     "MAX_FEATURES",
     "MOMENTS",
     "PRECISIONS",
+    "default_blocks",
     "log_prob",
     "mvn_logpdf",
     "sample_labels",
@@ -84,8 +85,8 @@ PRECISIONS = {
 }
 MOMENTS = ("full", "packed")
 ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
-# Kernel settings per precision of the density pass and of the statistics passes (float64
-# takes "highest"). Sampling regroups the density pass's block lse into the statistics
+# Kernel settings of the density pass and of the statistics passes per float32 precision
+# and for float64. Sampling regroups the density pass's block lse into the statistics
 # pass's blocks, so its block_k must divide theirs.
 DEFAULT_BLOCKS = {
     # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
@@ -103,7 +104,21 @@ DEFAULT_BLOCKS = {
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 128, "num_warps": 8,
                   "moments": "packed"},
     },
+    # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (2026-11-25): density pass
+    # 6.6 ms at 64 x 16 (6.7-7.9 ms at 64 x 32, 32 x 32, 32 x 64, 8 warps); E-step 14.4 ms
+    # with 32 x 32 statistics tiles on 4 warps against 39.5 ms with the "highest" ones
+    # (8 warps: 29.6 ms; 64-row tiles 21.3 ms; "full" moments 18.7 ms)
+    "float64": {
+        "density": {"block_n": 64, "block_k": 16, "tiles_per_program": 64, "num_warps": 4},
+        "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 4,
+                  "moments": "packed"},
+    },
 }
+
+
+def default_blocks(dtype, precision: str) -> dict:
+    """The kernels' default settings for ``dtype`` (float64 has its own) and ``precision``."""
+    return DEFAULT_BLOCKS["float64" if jnp.dtype(dtype) == jnp.float64 else precision]
 
 
 def padded_features(p: int) -> int:
@@ -330,7 +345,7 @@ class _Layout:
     def __init__(self, n, p, n_components, dtype, *, precision, interpret,
                  density_blocks=None, stats_blocks=None):
         check_precision(precision)
-        defaults = DEFAULT_BLOCKS["highest" if jnp.dtype(dtype) == jnp.float64 else precision]
+        defaults = default_blocks(dtype, precision)
         density = _settings(defaults["density"], density_blocks)
         stats = _settings(defaults["stats"], stats_blocks)
         self.n, self.p, self.k = n, p, n_components
