@@ -155,16 +155,16 @@ _DENSITY = [dict(block_n=64, block_k=32, num_warps=4),
             dict(block_n=32, block_k=64, num_warps=4)]
 DENSITY_CONFIGS = {"tf32x3": [_DENSITY[1], _DENSITY[0], _DENSITY[2]], "highest": _DENSITY}
 STATS_CONFIGS = {
-    "tf32x3": [dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=64,
+    "tf32x3": [dict(block_n=32, block_k=64, num_warps=4, tiles_per_program=64,
                     moments="packed"),
-               dict(block_n=64, block_k=64, num_warps=8, tiles_per_program=32,
+               dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=64,
                     moments="packed"),
-               dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=64, moments="full")],
-    "highest": [dict(block_n=32, block_k=64, num_warps=8, tiles_per_program=128,
-                     moments="packed"),
-                dict(block_n=32, block_k=32, num_warps=4, tiles_per_program=128,
+               dict(block_n=32, block_k=64, num_warps=4, tiles_per_program=64, moments="full")],
+    "highest": [dict(block_n=16, block_k=64, num_warps=4, tiles_per_program=128,
                      moments="packed"),
                 dict(block_n=32, block_k=64, num_warps=8, tiles_per_program=128,
+                     moments="packed"),
+                dict(block_n=16, block_k=64, num_warps=4, tiles_per_program=128,
                      moments="full")],
 }
 
