@@ -1,0 +1,37 @@
+"""`make demo` installs only the core dependencies: every third-party module that gpustat
+imports at module level must be one of them (gpustat.triton, loaded lazily by
+backend="triton", needs the optional Triton stack and is left out)."""
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# import name -> distribution name where they differ
+DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+
+
+def module_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_core_dependencies_cover_the_package_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=\[ ]", req, maxsplit=1)[0].lower()
+                for req in project["dependencies"]}
+    package = ROOT / "gpustat"
+    imported = set()
+    for path in package.rglob("*.py"):
+        if (package / "triton") not in path.parents:
+            imported |= module_level_imports(path)
+    third_party = imported - set(sys.stdlib_module_names) - {"gpustat"}
+    missing = {DISTRIBUTIONS.get(name, name) for name in third_party} - declared
+    assert not missing, f"imported by gpustat but not in [project] dependencies: {missing}"
