@@ -46,10 +46,10 @@ __all__ = [
 def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
     """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
     # "auto" runs the kernels on a CUDA GPU: on an H100 at n=1e6, p=16, k=256
-    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl) one float32 EM iteration
-    # took 8.3 ms at precision="highest" against 40.7 ms for XLA's chunked reference,
-    # and in float64 the kernels beat the reference ~5x per EM iteration and ~8x per
-    # density pass and Gibbs label draw (docs/mixture.md).
+    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit c38845f) one float32
+    # EM iteration took 7.8 ms at precision="highest" against 40.6 ms for XLA's chunked
+    # reference, and in float64 the kernels beat the reference ~5x per EM iteration and
+    # ~8x per density pass and Gibbs label draw (docs/mixture.md).
     return resolve_backend(
         backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
         unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "

@@ -91,7 +91,7 @@ ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB
 DEFAULT_BLOCKS = {
     # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
     # p = 16, k = 256 (commit 43841a6: density 3.48 ms, EM iteration 7.61 ms; a wider
-    # statistics sweep on 2026-11-25: E-step 6.84 ms with 32 x 64 tiles on 4 warps against
+    # statistics sweep on bba464b: E-step 6.84 ms with 32 x 64 tiles on 4 warps against
     # 7.34 ms with the 64 x 32 ones before, 7.0-10.7 ms for eight others)
     "tf32x3": {
         "density": {"block_n": 128, "block_k": 32, "tiles_per_program": 32, "num_warps": 4},
@@ -100,14 +100,14 @@ DEFAULT_BLOCKS = {
     },
     # "highest": IEEE fp32 dots keep their operands in registers: small statistics tiles
     # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
-    # 64-row tiles of "tf32x3" took 20.3 ms; the 2026-11-25 sweep: E-step 7.69 ms with
+    # 64-row tiles of "tf32x3" took 20.3 ms; the sweep on bba464b: E-step 7.69 ms with
     # 16 x 64 tiles on 4 warps against 8.13 ms with 32 x 64 on 8, 64-row tiles 12.7-13.2 ms)
     "highest": {
         "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
         "stats": {"block_n": 16, "block_k": 64, "tiles_per_program": 128, "num_warps": 4,
                   "moments": "packed"},
     },
-    # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (2026-11-25): density pass
+    # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (probe on 6464b11): density pass
     # 6.6 ms at 64 x 16 (6.7-7.9 ms at 64 x 32, 32 x 32, 32 x 64, 8 warps); E-step 14.4 ms
     # with 32 x 32 statistics tiles on 4 warps against 39.5 ms with the "highest" ones
     # (8 warps: 29.6 ms; 64-row tiles 21.3 ms; "full" moments 18.7 ms)
