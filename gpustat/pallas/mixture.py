@@ -120,7 +120,9 @@ DEFAULT_BLOCKS = {
 
 
 def default_blocks(dtype, precision: str) -> dict:
-    """The kernels' default settings for ``dtype`` (float64 has its own) and ``precision``."""
+    """The kernels' default settings for ``dtype`` (float64 has its own) and ``precision``
+    (checked: ValueError naming it when unknown)."""
+    check_precision(precision)
     return DEFAULT_BLOCKS["float64" if jnp.dtype(dtype) == jnp.float64 else precision]
 
 
@@ -347,7 +349,6 @@ class _Layout:
 
     def __init__(self, n, p, n_components, dtype, *, precision, interpret,
                  density_blocks=None, stats_blocks=None):
-        check_precision(precision)
         defaults = default_blocks(dtype, precision)
         density = _settings(defaults["density"], density_blocks)
         stats = _settings(defaults["stats"], stats_blocks)
