@@ -40,11 +40,12 @@ lint: $(VENV)/.test-deps
 pytest: $(VENV)/.test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# two at a time (CI has 2 cores); each notebook's output is printed whole when it ends,
+# and any failing notebook fails the target (xargs exits non-zero)
 notebooks: $(VENV)/.test-deps
-	@set -e; for nb in $(NOTEBOOKS); do \
-		echo "== $$nb (small)"; \
-		GPUSTAT_NOTEBOOK_SMALL=1 MPLBACKEND=Agg $(PY) $$nb; \
-	done
+	@printf '%s\n' $(NOTEBOOKS) | xargs -P 2 -I{} sh -c \
+		'out=$$(GPUSTAT_NOTEBOOK_SMALL=1 MPLBACKEND=Agg $(PY) {} 2>&1); rc=$$?; \
+		printf "== %s (small, exit %s)\n%s\n" {} $$rc "$$out"; exit $$rc'
 
 docs: $(VENV)/.test-deps
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir $(VENV)/site
