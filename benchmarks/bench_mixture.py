@@ -149,11 +149,16 @@ def reference_em_iteration(X, params):
 # ------------------------------------------------------------------ cases
 
 # Block settings timed per precision; the first of each list is the default (DEFAULT_BLOCKS).
-_DENSITY = [dict(block_n=64, block_k=32, num_warps=4),
-            dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32),
-            dict(block_n=256, block_k=16, num_warps=4, tiles_per_program=32),
-            dict(block_n=32, block_k=64, num_warps=4)]
-DENSITY_CONFIGS = {"tf32x3": [_DENSITY[1], _DENSITY[0], _DENSITY[2]], "highest": _DENSITY}
+DENSITY_CONFIGS = {
+    "tf32x3": [dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32, num_stages=1),
+               dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32, num_stages=3),
+               dict(block_n=64, block_k=32, num_warps=4, num_stages=1),
+               dict(block_n=256, block_k=16, num_warps=4, tiles_per_program=32, num_stages=1)],
+    "highest": [dict(block_n=64, block_k=32, num_warps=4, num_stages=3),
+                dict(block_n=64, block_k=32, num_warps=4, num_stages=1),
+                dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32, num_stages=1),
+                dict(block_n=32, block_k=64, num_warps=4, num_stages=1)],
+}
 STATS_CONFIGS = {
     "tf32x3": [dict(block_n=32, block_k=64, num_warps=4, tiles_per_program=64,
                     moments="packed"),

@@ -86,35 +86,44 @@ PRECISIONS = {
 MOMENTS = ("full", "packed")
 ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
 # Kernel settings of the density pass and of the statistics passes per float32 precision
-# and for float64. Sampling regroups the density pass's block lse into the statistics
-# pass's blocks, so its block_k must divide theirs.
+# and for float64 (num_stages: Triton's software pipelining of the row-tile loop).
+# Sampling regroups the density pass's block lse into the statistics pass's blocks, so
+# its block_k must divide theirs.
 DEFAULT_BLOCKS = {
     # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
     # p = 16, k = 256 (commit 43841a6: density 3.48 ms, EM iteration 7.61 ms; a wider
     # statistics sweep on bba464b: E-step 6.84 ms with 32 x 64 tiles on 4 warps against
     # 7.34 ms with the 64 x 32 ones before, 7.0-10.7 ms for eight others)
     "tf32x3": {
-        "density": {"block_n": 128, "block_k": 32, "tiles_per_program": 32, "num_warps": 4},
+        "density": {"block_n": 128, "block_k": 32, "tiles_per_program": 32, "num_warps": 4,
+                    "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 64, "num_warps": 4,
-                  "moments": "packed"},
+                  "num_stages": 1, "moments": "packed"},
     },
     # "highest": IEEE fp32 dots keep their operands in registers: small statistics tiles
     # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
     # 64-row tiles of "tf32x3" took 20.3 ms; the sweep on bba464b: E-step 7.69 ms with
-    # 16 x 64 tiles on 4 warps against 8.13 ms with 32 x 64 on 8, 64-row tiles 12.7-13.2 ms)
+    # 16 x 64 tiles on 4 warps against 8.13 ms with 32 x 64 on 8, 64-row tiles 12.7-13.2 ms).
+    # The density pass's tile loop software-pipelined over 3 stages (probe on 2fb3265):
+    # 3.50 against 4.35 ms (2 stages 3.73, 4 stages 4.00), EM iteration 7.32 against
+    # 8.15 ms; pipelining the statistics pass too was slower (7.66 / 7.94 ms at 3 / 2
+    # stages), as were 3 stages for "tf32x3" (EM 7.19 vs 6.96 ms) and float64 (density
+    # 7.14 vs 6.71 ms)
     "highest": {
-        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4},
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4,
+                    "num_stages": 3},
         "stats": {"block_n": 16, "block_k": 64, "tiles_per_program": 128, "num_warps": 4,
-                  "moments": "packed"},
+                  "num_stages": 1, "moments": "packed"},
     },
     # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (probe on 6464b11): density pass
     # 6.6 ms at 64 x 16 (6.7-7.9 ms at 64 x 32, 32 x 32, 32 x 64, 8 warps); E-step 14.4 ms
     # with 32 x 32 statistics tiles on 4 warps against 39.5 ms with the "highest" ones
     # (8 warps: 29.6 ms; 64-row tiles 21.3 ms; "full" moments 18.7 ms)
     "float64": {
-        "density": {"block_n": 64, "block_k": 16, "tiles_per_program": 64, "num_warps": 4},
+        "density": {"block_n": 64, "block_k": 16, "tiles_per_program": 64, "num_warps": 4,
+                    "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 4,
-                  "moments": "packed"},
+                  "num_stages": 1, "moments": "packed"},
     },
 }
 
@@ -317,6 +326,9 @@ def _settings(defaults: dict, blocks: dict | None) -> dict:
     settings = {**defaults, **{k: v for k, v in blocks.items() if v is not None}}
     if settings.get("moments", "full") not in MOMENTS:
         raise ValueError(f"moments must be one of {MOMENTS}, got {settings['moments']!r}")
+    stages = settings.get("num_stages", 1)
+    if not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"num_stages must be a positive integer, got {stages!r}")
     return settings
 
 
@@ -330,6 +342,7 @@ class _Pass:
     def __init__(self, settings: dict, n_pad: int, K: int):
         self.block_n, self.block_k = settings["block_n"], settings["block_k"]
         self.tiles, self.num_warps = settings["tiles_per_program"], settings["num_warps"]
+        self.num_stages = settings["num_stages"]  # Triton software pipelining of the tile loop
         self.n_tiles = n_pad // self.block_n
         self.grid = (K // self.block_k, -(-self.n_tiles // self.tiles))
 
@@ -338,7 +351,8 @@ class _Pass:
                                    tiles_per_program=self.tiles, n_tiles=self.n_tiles,
                                    **static)
         return pallas_call(
-            kernel, interpret=interpret, num_warps=self.num_warps, grid=self.grid,
+            kernel, interpret=interpret, num_warps=self.num_warps, num_stages=self.num_stages,
+            grid=self.grid,
             in_specs=[_full_spec(a.shape) for a in inputs],
             out_specs=[_full_spec(s.shape) for s in out_shape], out_shape=out_shape,
         )(*inputs)
@@ -557,7 +571,7 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
                                algorithm=layout.algorithm)
     out_shape = jax.ShapeDtypeStruct((layout.n_pad, layout.K), X.dtype)
     out = pallas_call(
-        kernel, interpret=interpret, num_warps=d.num_warps,
+        kernel, interpret=interpret, num_warps=d.num_warps, num_stages=d.num_stages,
         grid=(d.n_tiles, layout.K // d.block_k),
         in_specs=[_full_spec(a.shape) for a in inputs],
         out_specs=_full_spec(out_shape.shape), out_shape=out_shape,

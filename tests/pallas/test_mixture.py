@@ -167,6 +167,8 @@ def test_kernel_settings_are_checked():
         kernels.log_prob(X, params, interpret=True, moments="quadratic")
     with pytest.raises(ValueError, match="moments"):
         kernels.suff_stats(X, params, interpret=True, stats_blocks=dict(moments="cubic"))
+    with pytest.raises(ValueError, match="num_stages"):
+        kernels.log_prob(X, params, interpret=True, num_stages=0)
     with pytest.raises(ValueError, match="precision"):
         kernels.log_prob(X, params, interpret=True, precision="tf32")
     with pytest.raises(ValueError, match="precision"):
