@@ -104,7 +104,8 @@ DEFAULT_BLOCKS = {
     # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
     # 64-row tiles of "tf32x3" took 20.3 ms; the sweep on bba464b: E-step 7.69 ms with
     # 16 x 64 tiles on 4 warps against 8.13 ms with 32 x 64 on 8, 64-row tiles 12.7-13.2 ms).
-    # The density pass's tile loop software-pipelined over 3 stages (probe on 2fb3265):
+    # The density pass's tile loop software-pipelined over 3 stages (H100 probes before
+    # 7d58e4d, benchmarks/results/nvidia-h100-80gb-hbm3/probes/mixture_stages_7d58e4d.md):
     # 3.50 against 4.35 ms (2 stages 3.73, 4 stages 4.00), EM iteration 7.32 against
     # 8.15 ms; pipelining the statistics pass too was slower (7.66 / 7.94 ms at 3 / 2
     # stages), as were 3 stages for "tf32x3" (EM 7.19 vs 6.96 ms) and float64 (density
