@@ -154,8 +154,8 @@ DENSITY_CONFIGS = {
                dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32, num_stages=3),
                dict(block_n=64, block_k=32, num_warps=4, num_stages=1),
                dict(block_n=256, block_k=16, num_warps=4, tiles_per_program=32, num_stages=1)],
-    "highest": [dict(block_n=64, block_k=32, num_warps=4, num_stages=3),
-                dict(block_n=64, block_k=32, num_warps=4, num_stages=1),
+    "highest": [dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=32, num_stages=3),
+                dict(block_n=64, block_k=32, num_warps=4, tiles_per_program=32, num_stages=1),
                 dict(block_n=128, block_k=32, num_warps=4, tiles_per_program=32, num_stages=1),
                 dict(block_n=32, block_k=64, num_warps=4, num_stages=1)],
 }

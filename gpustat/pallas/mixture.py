@@ -109,9 +109,10 @@ DEFAULT_BLOCKS = {
     # 3.50 against 4.35 ms (2 stages 3.73, 4 stages 4.00), EM iteration 7.32 against
     # 8.15 ms; pipelining the statistics pass too was slower (7.66 / 7.94 ms at 3 / 2
     # stages), as were 3 stages for "tf32x3" (EM 7.19 vs 6.96 ms) and float64 (density
-    # 7.14 vs 6.71 ms)
+    # 7.14 vs 6.71 ms). An A/B of three interleaved rounds after it: 32 row tiles a program
+    # instead of 64, density 3.24 vs 3.41 ms, EM iteration 6.98 vs 7.20 ms
     "highest": {
-        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 64, "num_warps": 4,
+        "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 32, "num_warps": 4,
                     "num_stages": 3},
         "stats": {"block_n": 16, "block_k": 64, "tiles_per_program": 128, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
