@@ -46,8 +46,8 @@ __all__ = [
 def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
     """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
     # "auto" runs the kernels on a CUDA GPU: on an H100 at n=1e6, p=16, k=256
-    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit 7d58e4d) one float32
-    # EM iteration took 7.2 ms at precision="highest" against 40.8 ms for XLA's chunked
+    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit 21aa167) one float32
+    # EM iteration took 7.0 ms at precision="highest" against 40.8 ms for XLA's chunked
     # reference, and in float64 the kernels beat the reference ~5x per EM iteration and
     # ~8x per density pass and Gibbs label draw (docs/mixture.md).
     return resolve_backend(
