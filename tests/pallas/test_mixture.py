@@ -242,3 +242,15 @@ class TestGibbsDrawThroughKernels(KernelTests):
         assert_close(stats.counts, want.counts, rtol=0)
         assert_close(stats.sum_x, want.sum_x, rtol=1e-12, atol=1e-12)
         assert_close(stats.sum_xx, want.sum_xx, rtol=1e-12, atol=1e-12)
+
+
+def test_benchmark_times_the_default_settings_first():
+    """bench_mixture records its first density and statistics settings as the defaults."""
+    from benchmarks import bench_mixture
+
+    for precision in ("tf32x3", "highest"):
+        defaults = kernels.default_blocks(np.float32, precision)
+        for piece, configs in (("density", bench_mixture.DENSITY_CONFIGS),
+                               ("stats", bench_mixture.STATS_CONFIGS)):
+            first = kernels._settings(defaults[piece], configs[precision][0])
+            assert first == defaults[piece], (precision, piece)
