@@ -1,17 +1,18 @@
 """gpustat.distributed: sharded results equal unsharded ones on 4 (CPU) devices.
 
 The pytest process has already initialised JAX with one CPU device, so the
-multi-device checks run in one subprocess started with
+multi-device checks run in subprocesses started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` and ``JAX_PLATFORMS=cpu``
-(:mod:`tests.oracles.distributed_checks`); each test below asserts on one
-check's JSON line. Single-device behaviour (validation, a 1-device mesh under
-``jit``) is tested in-process.
+(:mod:`tests.oracles.distributed_checks`), which print one JSON line per check.
+Single-device behaviour (validation, a 1-device mesh under ``jit``) is tested
+in-process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +26,26 @@ from gpustat import distributed
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ["mesh", "ppoly_eval", "factorization", "suff_stats", "fit_em", "fit_gibbs",
-          "bms_joint", "bms_rows", "border", "fm_training"]
+# two groups of about equal compile time (about 40 s each on this 2-core machine),
+# one subprocess each, so that pytest-xdist's two workers can run them side by side
+CHECK_GROUPS = {
+    "arrays": ["mesh", "ppoly_eval", "factorization", "suff_stats", "fit_em", "bms_rows",
+               "fm_training"],
+    "draws_and_solves": ["fit_gibbs", "bms_joint", "border"],
+}
+CHECKS = [name for group in CHECK_GROUPS.values() for name in group]
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
-def _run_checks(interpret: bool) -> dict:
+def _run_checks(checks: list[str], interpret: bool) -> dict:
+    # keep the caller's XLA flags (e.g. the test target's optimisation level) except a
+    # device count: the subprocess sets its own
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith(_DEVICE_COUNT_FLAG)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-           "GPUSTAT_DISTRIBUTED_INTERPRET": "1" if interpret else "0"}
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, "-m", "tests.oracles.distributed_checks", *CHECKS],
+           "GPUSTAT_DISTRIBUTED_INTERPRET": "1" if interpret else "0",
+           "XLA_FLAGS": " ".join(flags)}
+    proc = subprocess.run([sys.executable, "-m", "tests.oracles.distributed_checks", *checks],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     results = {}
     for line in proc.stdout.splitlines():
@@ -46,24 +58,33 @@ def _run_checks(interpret: bool) -> dict:
     return results
 
 
-def _assert_all_passed(results: dict) -> None:
-    missing = [name for name in CHECKS if name not in results]
+def _assert_all_passed(checks: list[str], results: dict) -> None:
+    missing = [name for name in checks if name not in results]
     failed = {name: row["detail"] for name, row in results.items() if not row["ok"]}
     assert not missing and not failed, f"missing: {missing}\n" + "\n".join(
         f"--- {name}\n{detail}" for name, detail in failed.items())
 
 
-def test_sharded_equals_unsharded():
-    """Every check of tests.oracles.distributed_checks on 4 devices, reference backends.
+@pytest.mark.parametrize("group", list(CHECK_GROUPS))
+def test_sharded_equals_unsharded(group):
+    """The checks of tests.oracles.distributed_checks on 4 devices, reference backends.
 
-    One test (not one per check) so that pytest-xdist starts the subprocess once.
+    One test per group of checks (not per check): each group starts one subprocess.
     """
-    _assert_all_passed(_run_checks(interpret=False))
+    checks = CHECK_GROUPS[group]
+    _assert_all_passed(checks, _run_checks(checks, interpret=False))
+
+
+def test_check_groups_cover_every_check():
+    # read, not imported: importing the module would set this process's XLA flags
+    source = (ROOT / "tests" / "oracles" / "distributed_checks.py").read_text()
+    defined = re.findall(r"^def check_(\w+)\(", source, flags=re.MULTILINE)
+    assert sorted(CHECKS) == sorted(defined) and len(set(CHECKS)) == len(CHECKS)
 
 
 @pytest.mark.slow
 def test_sharded_kernels_in_interpret_mode():
-    _assert_all_passed(_run_checks(interpret=True))
+    _assert_all_passed(CHECKS, _run_checks(CHECKS, interpret=True))
 
 
 def test_one_device_mesh_under_jit():
