@@ -59,12 +59,17 @@ docs: $(VENV)/.test-deps
 
 # What the GPU machine runs, with no install: gpu-marked tests, then the quick
 # benchmarks. Logs and JSON lines go to $GPUSTAT_OUT (default benchmarks/results/<device>/).
+# The tests are compile-bound: where pytest-xdist is importable they run in
+# GPU_TEST_WORKERS processes sharing the GPU (no memory preallocation per process).
+GPU_TEST_WORKERS ?= 4
 gpu-check:
 	@set -o pipefail; \
 	out=$${GPUSTAT_OUT:-$$(PYTHONPATH=. python3 -c 'from benchmarks.harness import default_out_dir; print(default_out_dir())')}; \
 	mkdir -p "$$out"; log="$$out/gpu-check.log"; status=0; \
+	workers=$$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n $(GPU_TEST_WORKERS)"); \
 	PYTHONPATH=. python3 -m gpustat info 2>&1 | tee "$$log"; \
-	PYTHONPATH=. python3 -m pytest -m gpu -q -p no:cacheprovider $(TESTS) 2>&1 | tee -a "$$log" || status=1; \
+	XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. python3 -m pytest -m gpu -q \
+		-p no:cacheprovider $$workers $(TESTS) 2>&1 | tee -a "$$log" || status=1; \
 	PYTHONPATH=. python3 -m gpustat bench $(MODULES) --quick --out "$$out" 2>&1 | tee -a "$$log" || status=1; \
 	exit $$status
 
