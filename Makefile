@@ -12,6 +12,7 @@ PYTEST_ARGS ?= -q -n 2 -m "not slow"
 # once: LLVM at optimisation level 0 compiles them ~20% faster (full CPU suite 528 vs
 # 664 s on 2 cores). No fast-math at either level; the suite passes at both.
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
+pytest notebooks: export XLA_FLAGS := $(TEST_XLA_FLAGS) $(XLA_FLAGS)
 # the two longest first, so that the two-at-a-time run below ends together
 LONG_NOTEBOOKS := notebooks/mixture.py notebooks/distributed.py
 NOTEBOOKS := $(LONG_NOTEBOOKS) $(filter-out $(LONG_NOTEBOOKS),$(sort $(wildcard notebooks/*.py)))
@@ -44,14 +45,13 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check .
 
 pytest: $(VENV)/.test-deps
-	XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # two at a time (CI has 2 cores); each notebook's output is printed whole when it ends,
 # and any failing notebook fails the target (xargs exits non-zero)
 notebooks: $(VENV)/.test-deps
 	@printf '%s\n' $(NOTEBOOKS) | xargs -P 2 -I{} sh -c \
-		'out=$$(XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" GPUSTAT_NOTEBOOK_SMALL=1 MPLBACKEND=Agg \
-		$(PY) {} 2>&1); rc=$$?; \
+		'out=$$(GPUSTAT_NOTEBOOK_SMALL=1 MPLBACKEND=Agg $(PY) {} 2>&1); rc=$$?; \
 		printf "== %s (small, exit %s)\n%s\n" {} $$rc "$$out"; exit $$rc'
 
 docs: $(VENV)/.test-deps
