@@ -83,9 +83,10 @@ class CSR:
     sorted but must be distinct (:meth:`from_scipy` sums duplicates).
 
     Construction validates (``indptr`` starts at 0, is non-decreasing and ends
-    at ``nnz``; ``indices`` lie in ``[0, p)``; ``data`` is finite) and builds the
-    row buckets used by the Pallas kernels (:class:`RowBuckets`). Both need
-    concrete arrays: build a ``CSR`` outside ``jax.jit`` and pass it in; inside
+    at ``nnz``; ``indices`` lie in ``[0, p)``, distinct within a row; ``data`` is
+    real and finite) and builds the row buckets used by the Pallas kernels
+    (:class:`RowBuckets`). Both need concrete arrays: build a ``CSR`` outside
+    ``jax.jit`` and pass it in; inside
     a traced function it is an ordinary pytree (leaves ``data``, ``indices``,
     ``indptr``, the bucket row lists and the optional field-slot table;
     ``shape`` and the bucket widths are static).
@@ -121,10 +122,11 @@ class CSR:
             shape: ``(n, p)``.
 
         Raises:
-            TypeError: an argument is a tracer or has a non-numeric dtype.
+            TypeError: an argument is a tracer or has a non-numeric (or complex) dtype.
             ValueError: inconsistent lengths, ``indptr`` not starting at 0,
-                decreasing or not ending at ``nnz``, indices out of range,
-                non-finite data, or more than 2**31 - 1 nonzeros.
+                decreasing or not ending at ``nnz``, indices out of range or
+                repeated within a row, non-finite data, or more than 2**31 - 1
+                nonzeros.
         """
         for name, value in (("data", data), ("indices", indices), ("indptr", indptr)):
             if isinstance(value, jax.core.Tracer):
@@ -303,8 +305,9 @@ def _check_arrays(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
     for name, value in (("data", data), ("indices", indices), ("indptr", indptr)):
         if value.ndim != 1:
             raise ValueError(f"CSR: {name} must be 1-D, got {name}.shape={value.shape}")
-    if not (np.issubdtype(data.dtype, np.number) or data.dtype in (np.bool_, jnp.bfloat16)):
-        raise TypeError(f"CSR: data must be numeric, got {data.dtype=}")
+    real = np.issubdtype(data.dtype, np.number) and not np.iscomplexobj(data)
+    if not (real or data.dtype in (np.bool_, jnp.bfloat16)):
+        raise TypeError(f"CSR: data must be real numbers, got {data.dtype=}")
     for name, value in (("indices", indices), ("indptr", indptr)):
         if not np.issubdtype(value.dtype, np.integer):
             raise TypeError(f"CSR: {name} must hold integers, got {name}.dtype={value.dtype}")
@@ -330,11 +333,40 @@ def _check_arrays(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
         bad = int(np.argmax((indices < 0) | (indices >= p)))
         raise ValueError(f"CSR: indices must lie in [0, p={p}), got indices[{bad}]="
                          f"{indices[bad]}")
+    repeated = _first_repeated_column(indices, indptr, p)
+    if repeated is not None:
+        row, column = repeated
+        raise ValueError(f"CSR: indices must be distinct within a row, got column {column} "
+                         f"twice in row {row} (CSR.from_scipy sums duplicates)")
     if np.issubdtype(data.dtype, np.floating) or data.dtype == jnp.bfloat16:
         finite = np.isfinite(data.astype(np.float64))
         if not finite.all():
             bad = int(np.argmin(finite))
             raise ValueError(f"CSR: data must be finite, got data[{bad}]={data[bad]}")
+
+
+def _first_repeated_column(indices: np.ndarray, indptr: np.ndarray,
+                           p: int) -> tuple[int, int] | None:
+    """(row, column) of a column index stored twice in one row, or None.
+
+    Rows whose indices increase (scipy's canonical form) are checked in O(nnz);
+    otherwise the (row, column) keys are sorted.
+    """
+    nnz = indices.shape[0]
+    if nnz < 2:
+        return None
+    same_row = np.ones(nnz - 1, bool)  # pair (j, j + 1) lies in one row
+    starts = indptr[1:-1]
+    same_row[starts[(starts > 0) & (starts < nnz)] - 1] = False
+    if np.all(np.diff(indices.astype(np.int64))[same_row] > 0):
+        return None
+    rows = np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
+    keys = np.sort(rows * max(p, 1) + indices)
+    twice = np.flatnonzero(keys[1:] == keys[:-1])
+    if twice.size == 0:
+        return None
+    row, column = divmod(int(keys[twice[0]]), max(p, 1))
+    return row, column
 
 
 def dense_as_csr(x: Float[Array, "n p"]) -> CSR:

@@ -29,6 +29,7 @@ epochs. ``partial_fit`` visits rows in their given order.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import pickle
@@ -103,8 +104,10 @@ class _FactorizationMachine(BaseEstimator):
         for name in ("l1_linear", "l1_factors", "l2_linear", "l2_factors", "init_scale",
                      "min_delta", "epsilon", "ftrl_beta"):
             _non_negative(getattr(self, name), name)
-        if not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate=!r}")
+        lr = self.learning_rate
+        if not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning_rate must be a finite number > 0, got "
+                             f"{self.learning_rate=!r}")
         for name in ("beta_1", "beta_2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -151,7 +154,8 @@ class _FactorizationMachine(BaseEstimator):
             raise ValueError(f"field_ids must have one entry per feature: expected shape "
                              f"({n_features},), got {fields.shape=}")
         if fields.size and not np.issubdtype(fields.dtype, np.integer):
-            if not np.all(np.isfinite(fields)) or np.any(fields != np.round(fields)):
+            if (not np.issubdtype(fields.dtype, np.floating) or not np.all(np.isfinite(fields))
+                    or np.any(fields != np.round(fields))):
                 raise ValueError(f"field_ids must be integers, got dtype {fields.dtype}")
         if fields.size and fields.min() < 0:
             raise ValueError(f"field_ids must be non-negative, got min(field_ids)="
@@ -294,8 +298,7 @@ class _FactorizationMachine(BaseEstimator):
             if self.class_weight == "balanced":
                 per_class = len(y_codes) / (c * np.maximum(np.bincount(y_codes, minlength=c), 1))
             else:
-                per_class = np.array([float(self.class_weight.get(label, 1.0))
-                                      for label in self.classes_.tolist()])
+                per_class = self._class_weight_dict()
             sw = sw * per_class[y_codes]
         if whole_data and self._is_classifier:
             alive = np.unique(y_codes[sw > 0])
@@ -303,6 +306,23 @@ class _FactorizationMachine(BaseEstimator):
                 raise ValueError(f"only one class ({self.classes_[alive].tolist()}) has a "
                                  "positive sample weight: a classifier needs two")
         return sw
+
+    def _class_weight_dict(self) -> np.ndarray:
+        """Per-class weights of a ``class_weight`` dict (1 for classes it leaves out)."""
+        labels = self.classes_.tolist()
+        unknown = [key for key in self.class_weight if key not in labels]
+        if unknown:
+            raise ValueError(f"class_weight has keys {unknown} that are not classes "
+                             f"(classes_={labels})")
+        try:
+            weights = np.array([self.class_weight.get(label, 1.0) for label in labels],
+                               np.float64)
+        except (TypeError, ValueError):
+            weights = np.array([np.nan])
+        if not np.all(np.isfinite(weights) & (weights >= 0)):
+            raise ValueError(f"class_weight values must be finite and >= 0, got "
+                             f"{self.class_weight!r}")
+        return weights
 
     def _metric(self, scores, y_codes):
         """Validation metric: logloss, softmax cross-entropy or 1/2 MSE (float64)."""
@@ -399,7 +419,28 @@ class _FactorizationMachine(BaseEstimator):
                              f"classes_={self.classes_.tolist()}")
         return np.searchsorted(self.classes_, y)
 
+    @contextlib.contextmanager
+    def _restored_on_error(self):
+        """Input validation sets ``classes_`` and ``n_features_in_`` before a fit can still be
+        rejected (e.g. a ``warm_start`` with other classes): put them back if it is, so an
+        earlier fitted model stays usable."""
+        names = ("classes_", "n_features_in_", "feature_names_in_")
+        saved = {name: getattr(self, name) for name in names if hasattr(self, name)}
+        try:
+            yield
+        except BaseException:
+            for name in names:
+                if name in saved:
+                    setattr(self, name, saved[name])
+                elif hasattr(self, name):
+                    delattr(self, name)
+            raise
+
     def _fit(self, X, y, field_ids, sample_weight, eval_set):
+        with self._restored_on_error():
+            return self._fit_validated(X, y, field_ids, sample_weight, eval_set)
+
+    def _fit_validated(self, X, y, field_ids, sample_weight, eval_set):
         backend = self._check_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
                              y_numeric=not self._is_classifier, reset=True)
@@ -446,6 +487,10 @@ class _FactorizationMachine(BaseEstimator):
         return self
 
     def _partial_fit(self, X, y, classes, field_ids, sample_weight):
+        with self._restored_on_error():
+            return self._partial_fit_validated(X, y, classes, field_ids, sample_weight)
+
+    def _partial_fit_validated(self, X, y, classes, field_ids, sample_weight):
         backend = self._check_params()
         first = not hasattr(self, "w0_")
         if first and self._is_classifier and classes is None:

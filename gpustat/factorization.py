@@ -132,6 +132,8 @@ def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
     if V.ndim != v_ndim or V.shape[: len(classes)] != classes or V.shape[len(classes)] != p:
         raise ValueError(f"{op}: V must have shape ({lead}{v_tail}) with p={p}, got {V.shape=}")
     if model == "fwfm":
+        if R is None:
+            raise ValueError(f"{op}: R (the ({lead}f, f) field-pair weights) is required")
         f = R.shape[-1] if R.ndim else 0
         if R.shape != (*classes, f, f):
             raise ValueError(f"{op}: R must have shape ({lead}f, f), got {R.shape=}")

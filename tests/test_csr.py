@@ -76,13 +76,23 @@ def test_dense_as_csr_is_traceable_and_keeps_zeros():
     (([1.0, 2.0], [0], [0, 2], (1, 3)), "same length"),
     (([1.0], [0], [0, 1], (2, 3)), "indptr must have n"),
     (([1.0], [0], [0, 1], (1,)), "shape must be"),
+    (([1.0, 2.0, 1.0], [1, 1, 3], [0, 3], (1, 4)), "column 1 twice in row 0"),
+    (([1.0, 2.0, 1.0, 1.0], [2, 0, 3, 0], [0, 1, 4], (2, 4)), "column 0 twice in row 1"),
 ])
 def test_invalid_arrays_raise_value_error(args, message):
     with pytest.raises(ValueError, match=message):
         CSR(*(np.asarray(a) if isinstance(a, list) else a for a in args))
 
 
+def test_repeated_columns_across_rows_and_unsorted_rows_are_accepted():
+    # the same column in different rows, and a row in descending order, are valid
+    X = CSR(np.array([1.0, 2.0, 3.0, 4.0]), np.array([2, 0, 2, 1]), np.array([0, 2, 4]), (2, 3))
+    np.testing.assert_array_equal(np.asarray(X.to_dense()), [[2.0, 0.0, 1.0], [0.0, 4.0, 3.0]])
+
+
 def test_type_errors():
+    with pytest.raises(TypeError, match="data must be real"):
+        CSR(np.array([1 + 2j]), np.zeros(1, np.int32), np.array([0, 1]), (1, 2))
     with pytest.raises(TypeError, match="indices must hold integers"):
         CSR(np.ones(1), np.zeros(1), np.array([0, 1]), (1, 2))
     with pytest.raises(TypeError, match="scipy sparse"):

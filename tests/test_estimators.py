@@ -113,6 +113,19 @@ def test_warm_start_continues_parameters_and_optimizer_state():
                                    atol=1e-15, err_msg=name)
     with pytest.raises(ValueError, match="same features"):
         warm.fit(X[:, :5], y)
+    # the rejected call left the fitted model as it was
+    assert warm.n_features_in_ == X.shape[1]
+    np.testing.assert_array_equal(warm.predict(X), manual.predict(X))
+
+
+def test_rejected_warm_start_keeps_the_fitted_classifier():
+    X, _fields, y = _data()
+    est = FMClassifier(warm_start=True, max_iter=1, batch_size=8, random_state=0).fit(X, y)
+    before = est.predict_proba(X)
+    with pytest.raises(ValueError, match="same classes"):
+        est.fit(X, np.arange(len(y)) % 3)
+    np.testing.assert_array_equal(est.classes_, [0, 1])
+    np.testing.assert_array_equal(est.predict_proba(X), before)
 
 
 def test_ftrl_l1_gives_exact_zeros():
@@ -283,6 +296,8 @@ def test_bad_field_ids_raise(cls):
         cls(max_iter=1).fit(X, y, field_ids=np.arange(8) - 1)
     with pytest.raises(ValueError, match="integers"):
         cls(max_iter=1).fit(X, y, field_ids=np.arange(8) + 0.5)
+    with pytest.raises(ValueError, match="integers"):
+        cls(max_iter=1).fit(X, y, field_ids=np.array(list("abcdefgh")))
 
 
 def test_l1_without_ftrl_raises():
@@ -313,6 +328,11 @@ def test_feature_count_mismatch_raises():
     ({"batch_size": 0}, "batch_size must be an integer >= 1"),
     ({"label_smoothing": 1.0}, "label_smoothing"),
     ({"class_weight": "auto"}, "class_weight"),
+    ({"class_weight": {"0": 2.0}}, r"class_weight has keys \['0'\] that are not classes"),
+    ({"class_weight": {7: 2.0}}, "not classes"),
+    ({"class_weight": {0: np.inf}}, "class_weight values must be finite"),
+    ({"class_weight": {0: -1.0}}, "class_weight values must be finite and >= 0"),
+    ({"learning_rate": np.inf}, "learning_rate must be a finite number"),
 ])
 def test_bad_settings_raise(kwargs, match):
     X, _fields, y = _data()

@@ -204,6 +204,8 @@ def test_shape_mismatches_raise_value_error():
     w0, w, V, R = _args("fwfm")
     with pytest.raises(ValueError, match="R must have shape"):
         fz.fwfm_predict(X, FID, w0, w, V, R[:2], backend="reference")
+    with pytest.raises(ValueError, match=r"R .* is required"):
+        fz.fwfm_predict(X, FID, w0, w, V, None, backend="reference")
     with pytest.raises(ValueError, match="field_ids must have shape"):
         fz.fwfm_predict(X, FID[:-1], w0, w, V, R, backend="reference")
     with pytest.raises(ValueError, match="2-D"):
