@@ -1,10 +1,12 @@
 """Initial mixture parameters, computed on the device (scikit-learn's ``init_params`` choices).
 
 * ``"k-means++"``: D^2 seeding (Arthur and Vassilvitskii 2007); each seed is a
-  one-point component (covariance = reg_covar, as scikit-learn does).
+  one-point component: weight 1/m, covariance reg_covar I (scikit-learn's one-hot
+  responsibilities give the same up to roundoff, except "tied", where scikit-learn
+  adds the scatter of all rows).
 * ``"kmeans"``: Lloyd iterations from k-means++ seeds, then hard-label statistics.
 * ``"random"``: uniform random responsibilities (holds an n x m matrix).
-* ``"random_from_data"``: m distinct random rows as one-point components.
+* ``"random_from_data"``: m distinct random rows as one-point components (as above).
 
 Restarts are batched: ``n_init`` keys give parameters with a leading (n_init,) axis.
 """
@@ -90,20 +92,29 @@ def _lloyd(X, centres, max_iter: int):
     return _nearest_centre(X, centres)
 
 
-def _one_point_stats(X, indices):
-    x = X[indices]
-    return SuffStats(jnp.ones(indices.shape[0], X.dtype), x, x[:, :, None] * x[:, None, :],
-                     jnp.zeros((), X.dtype))
+def _one_point_components(X, indices, covariance_type: str, reg_covar):
+    """Seeds as one-point components: equal weights, means at the rows, covariance
+    reg_covar I. (The raw moments of a single point cancel to noise of about eps x^2,
+    which m_step rightly cannot resolve, so the seeds are built directly.)"""
+    k, p = indices.shape[0], X.shape[1]
+    reg = jnp.asarray(reg_covar, X.dtype)
+    covariances = {"full": jnp.broadcast_to(reg * jnp.eye(p, dtype=X.dtype), (k, p, p)),
+                   "tied": reg * jnp.eye(p, dtype=X.dtype),
+                   "diag": jnp.full((k, p), reg),
+                   "spherical": jnp.full((k,), reg)}[covariance_type]
+    return MixtureParams.from_covariances(jnp.full((k,), 1 / k, X.dtype), X[indices],
+                                          covariances, covariance_type)
 
 
 def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
                     kmeans_max_iter):
     if method == "k-means++":
-        stats = _one_point_stats(X, kmeans_plusplus(key, X, n_components))
-    elif method == "random_from_data":
-        idx = jax.random.choice(key, X.shape[0], (n_components,), replace=False)
-        stats = _one_point_stats(X, idx)
-    elif method == "kmeans":
+        seeds = kmeans_plusplus(key, X, n_components)
+        return _one_point_components(X, seeds, covariance_type, reg_covar)
+    if method == "random_from_data":
+        seeds = jax.random.choice(key, X.shape[0], (n_components,), replace=False)
+        return _one_point_components(X, seeds, covariance_type, reg_covar)
+    if method == "kmeans":
         seeds = X[kmeans_plusplus(key, X, n_components)]
         stats = _label_stats(X, _lloyd(X, seeds, kmeans_max_iter), n_components)
     else:

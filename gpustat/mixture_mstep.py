@@ -48,23 +48,26 @@ def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_cova
 def _mark_unresolved(covariances, stats: SuffStats, nk, covariance_type: str):
     """NaN for covariances below what raw moments resolve (singular or collapsed components).
 
-    S2 / N - mu mu^T cancels to about eps * E[x^2]; a variance (Cholesky pivot^2) below
-    10 p eps max_a E[x_a^2] is indistinguishable from zero, as for a component sitting on
-    one repeated point, and is reported instead of silently inverted.
+    S2 / N - mu mu^T cancels to about eps * E[x_a^2] in feature a; a variance (Cholesky
+    pivot^2) of feature a below 10 p eps E[x_a^2] is indistinguishable from zero, as for
+    a component sitting on one repeated point, and is reported instead of silently
+    inverted. The floor is per feature, so rescaling a feature rescales its pivot and
+    its floor alike (features of very different scales are not flagged); the spherical
+    variance, a mean over features, gets the mean of their floors.
     """
     dtype = nk.dtype
     p = stats.sum_x.shape[-1]
     second = jnp.diagonal(stats.sum_xx, axis1=-2, axis2=-1) / nk[:, None]
-    floor = 10 * p * jnp.finfo(dtype).eps * jnp.max(second, axis=-1)
+    floor = 10 * p * jnp.finfo(dtype).eps * second  # (k, p)
     if covariance_type == "tied":
-        floor = jnp.max(floor)
+        floor = jnp.max(floor, axis=0)
     if covariance_type in ("full", "tied"):
         pivots = jnp.diagonal(jnp.linalg.cholesky(covariances), axis1=-2, axis2=-1) ** 2
-        bad = ~jnp.all(pivots > floor[..., None], axis=-1)
+        bad = ~jnp.all(pivots > floor, axis=-1)
         return jnp.where(bad[..., None, None], jnp.nan, covariances)
     if covariance_type == "diag":
-        return jnp.where(covariances > floor[:, None], covariances, jnp.nan)
-    return jnp.where(covariances > floor, covariances, jnp.nan)
+        return jnp.where(covariances > floor, covariances, jnp.nan)
+    return jnp.where(covariances > jnp.mean(floor, axis=-1), covariances, jnp.nan)
 
 
 def _map_weights(nk, prior):
