@@ -38,6 +38,8 @@ from gpustat.estimators import lazy_sgd as lazy_sgd  # noqa: E402
 from gpustat.factorization import ffm_predict as ffm_predict  # noqa: E402
 from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
 from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
+from gpustat.libffm import dump_libffm as dump_libffm  # noqa: E402
+from gpustat.libffm import load_libffm as load_libffm  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
@@ -65,6 +67,7 @@ __all__ = [
     "available_backends",
     "bms",
     "distributed",
+    "dump_libffm",
     "ffm_predict",
     "fit_piecewise",
     "fm_predict",
@@ -73,6 +76,7 @@ __all__ = [
     "lazy_adagrad",
     "lazy_adam",
     "lazy_sgd",
+    "load_libffm",
     "mixture",
     "numerics",
     "ppoly_eval",
