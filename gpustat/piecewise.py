@@ -98,7 +98,7 @@ class PiecewisePolynomial:
 
     def __init__(self, breakpoints: Float[ArrayLike, " P1"], coeffs: Float[ArrayLike, "D1 P *t"],
                  extrapolate: str = "extend"):
-        self.extrapolate = _check_extrapolate(extrapolate)
+        extrapolate = _check_extrapolate(extrapolate)
         coeffs = jnp.asarray(coeffs)
         breakpoints = jnp.asarray(breakpoints)
         for name, arr in (("coeffs", coeffs), ("breakpoints", breakpoints)):
@@ -107,11 +107,13 @@ class PiecewisePolynomial:
         if breakpoints.ndim != 1 or breakpoints.shape[0] < 2:
             raise ValueError(f"breakpoints must have shape (P+1,) with P >= 1, got "
                              f"{breakpoints.shape=}")
-        if coeffs.ndim < 2 or coeffs.shape[1] != breakpoints.shape[0] - 1:
-            raise ValueError(f"coeffs must have shape (D+1, P, *t) with P = len(breakpoints) - 1 = "
-                             f"{breakpoints.shape[0] - 1}, got {coeffs.shape=}")
+        if (coeffs.ndim < 2 or coeffs.shape[0] < 1
+                or coeffs.shape[1] != breakpoints.shape[0] - 1):
+            raise ValueError(f"coeffs must have shape (D+1, P, *t) with D >= 0 and P = "
+                             f"len(breakpoints) - 1 = {breakpoints.shape[0] - 1}, got "
+                             f"{coeffs.shape=}")
         breakpoints = breakpoints.astype(coeffs.dtype)
-        self.uniform = False
+        uniform = False
         if _is_concrete(breakpoints):
             bp = np.asarray(breakpoints, dtype=np.float64)
             if not np.all(np.isfinite(bp)):
@@ -123,9 +125,20 @@ class PiecewisePolynomial:
                 raise ValueError(
                     f"breakpoints must be strictly increasing (in {coeffs.dtype}), got "
                     f"breakpoints[{k}]={bp[k]!r} >= breakpoints[{k + 1}]={bp[k + 1]!r}")
-            self.uniform = _detect_uniform(bp)
-        self.breakpoints = breakpoints
-        self.coeffs = coeffs
+            uniform = _detect_uniform(bp)
+        self._set_fields(breakpoints, coeffs, extrapolate, uniform)
+
+    def _set_fields(self, breakpoints, coeffs, extrapolate, uniform) -> None:
+        for name, value in (("breakpoints", breakpoints), ("coeffs", coeffs),
+                            ("extrapolate", extrapolate), ("uniform", uniform)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        # Immutable, as a pytree should be: evaluation caches kernel tables per object,
+        # which a reassigned ``coeffs`` would leave stale.
+        raise AttributeError(f"PiecewisePolynomial is immutable (cannot set {name!r}): build a "
+                             "new one, e.g. PiecewisePolynomial(pp.breakpoints, new_coeffs, "
+                             "pp.extrapolate), or map over it with jax.tree.map")
 
     # -- pytree -------------------------------------------------------------------
     def tree_flatten(self):
@@ -134,8 +147,7 @@ class PiecewisePolynomial:
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        obj.breakpoints, obj.coeffs = children
-        obj.extrapolate, obj.uniform = aux
+        obj._set_fields(*children, *aux)
         return obj
 
     def _replace(self, coeffs, extrapolate=None) -> PiecewisePolynomial:
@@ -175,19 +187,41 @@ class PiecewisePolynomial:
         return ppoly_eval(self, x, nu=nu, backend=backend)
 
     def derivative(self, nu: int = 1) -> PiecewisePolynomial:
-        """The nu-th derivative (nu >= 0) as a new object of degree max(D - nu, 0)."""
+        """The nu-th derivative (nu >= 0) as a new object of degree max(D - nu, 0).
+
+        Under "clamp" (nu >= 1) it is the derivative of the clamped function, 0 outside
+        [x_0, x_P]: an "extend" object with a zero piece on each side (P + 2 pieces; x_P
+        itself stays in the last inner piece, as in ``pp(x, nu)``).
+        """
         _check_order(nu, "nu")
-        return self._replace(_derivative_jit(self.coeffs, nu))
+        coeffs = _derivative_jit(self.coeffs, nu)
+        if self.extrapolate != "clamp" or nu == 0:
+            return self._replace(coeffs)
+        zeros = jnp.zeros_like(coeffs[:, :1])
+        return _with_end_pieces(self.breakpoints, coeffs, zeros, zeros, right_after_end=True)
 
     def antiderivative(self, nu: int = 1) -> PiecewisePolynomial:
         """The nu-th antiderivative, zero at x_0 and continuous (scipy's convention).
 
         As in scipy, a periodic polynomial's antiderivative is not periodic: its
-        ``extrapolate`` becomes "nan".
+        ``extrapolate`` becomes "nan". Under "clamp" it is the antiderivative of the
+        clamped function (constant outside [x_0, x_P]), whose outer parts are polynomials
+        of degree nu: an "extend" object with one such piece on each side (P + 2 pieces).
         """
         _check_order(nu, "nu")
         mode = "nan" if self.extrapolate == "periodic" else self.extrapolate
-        return self._replace(_antiderivative_jit(self.breakpoints, self.coeffs, nu), mode)
+        coeffs = _antiderivative_jit(self.breakpoints, self.coeffs, nu)
+        if self.extrapolate != "clamp" or nu == 0:
+            return self._replace(coeffs, mode)
+        # Outside, every derivative above order nu vanishes: the outer pieces are the
+        # end pieces' Taylor expansions at x_0 and x_P cut after degree nu.
+        keep = (jnp.arange(coeffs.shape[0]) >= coeffs.shape[0] - 1 - nu).reshape(
+            (-1,) + (1,) * (coeffs.ndim - 1))
+        bp = self.breakpoints
+        last_width = (bp[-1] - bp[-2]).astype(coeffs.dtype)
+        left = jnp.where(keep, coeffs[:, :1], 0)
+        right = jnp.where(keep, _taylor_shift(coeffs[:, -1:], last_width), 0)
+        return _with_end_pieces(bp, coeffs, left, right, right_after_end=False)
 
     def integrate(self, a: ArrayLike, b: ArrayLike) -> Array:
         """Definite integral over [a, b] with scipy ``PPoly.integrate`` semantics.
@@ -204,10 +238,28 @@ class PiecewisePolynomial:
     # -- converters ---------------------------------------------------------------------
     @classmethod
     def from_scipy(cls, ppoly, dtype=None) -> PiecewisePolynomial:
-        """From ``scipy.interpolate.PPoly`` (extrapolate True -> "extend", False -> "nan")."""
+        """From ``scipy.interpolate.PPoly`` (extrapolate True -> "extend", False -> "nan").
+
+        A ``BPoly`` (Bernstein basis) is converted to the power basis first; decreasing
+        breakpoints are reversed, each piece re-expanded at its new left end (float64).
+        At an inner breakpoint itself a decreasing scipy object takes the piece below it,
+        this one (increasing, pieces closed on the left) the piece above: the two differ
+        there only where the function jumps.
+        """
+        from scipy.interpolate import BPoly, PPoly
+
+        if isinstance(ppoly, BPoly):
+            ppoly = PPoly.from_bernstein_basis(ppoly)
+        if not isinstance(ppoly, PPoly):
+            raise TypeError(f"ppoly must be a scipy.interpolate.PPoly or BPoly, got "
+                            f"{type(ppoly).__name__}")
         mode = {True: "extend", False: "nan", "periodic": "periodic"}[ppoly.extrapolate]
-        coeffs = np.asarray(ppoly.c, dtype=dtype or np.float64)
-        return cls(np.asarray(ppoly.x, dtype=coeffs.dtype), coeffs, extrapolate=mode)
+        x, c = np.asarray(ppoly.x, np.float64), np.asarray(ppoly.c, np.float64)
+        if x.size > 1 and x[-1] < x[0]:
+            shifts = (x[1:] - x[:-1]).reshape((-1,) + (1,) * (c.ndim - 2))
+            c, x = _taylor_shift(c, shifts)[:, ::-1], x[::-1]
+        coeffs = np.asarray(c, dtype=dtype or np.float64)
+        return cls(np.asarray(x, dtype=coeffs.dtype), coeffs, extrapolate=mode)
 
     def to_scipy(self):
         """As a float64 ``scipy.interpolate.PPoly`` ("clamp" has no scipy twin: ValueError)."""
@@ -266,17 +318,33 @@ def _check_order(nu, name: str) -> None:
         raise ValueError(f"{name} must be a non-negative int, got {name}={nu!r}")
 
 
-def _taylor_shift(coeffs: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """Coefficients of q_i(u) = p_i(u + s_i), both highest power first; (D+1, P) float64.
+def _taylor_shift(coeffs, shifts):
+    """Coefficients of q_i(u) = p_i(u + s_i), both highest power first: (D+1, P, *t) numpy
+    (float64 on the host) or jax arrays; ``shifts`` broadcasts against one row (P, *t).
 
     q's coefficient of u^j is p^(j)(s_i) / j!: repeated synthetic division.
     """
-    work = coeffs.copy()
-    degree = work.shape[0] - 1
+    rows = list(coeffs)
+    degree = len(rows) - 1
     for stop in range(degree, 0, -1):
         for k in range(1, stop + 1):
-            work[k] += work[k - 1] * shifts
-    return work
+            rows[k] = rows[k] + rows[k - 1] * shifts
+    return np.stack(rows) if isinstance(coeffs, np.ndarray) else jnp.stack(rows)
+
+
+def _with_end_pieces(breakpoints, coeffs, left, right, *, right_after_end: bool):
+    """An "extend" object with ``left`` on [x_0 - L, x_0) and ``right`` from x_P (or from
+    the next float after x_P), L = x_P - x_0: the clamped calculus objects."""
+    span = breakpoints[-1] - breakpoints[0]
+    start = breakpoints[-1]
+    if right_after_end:
+        start = jnp.nextafter(start, jnp.asarray(jnp.inf, start.dtype))
+    outer_bp = jnp.concatenate([breakpoints[:1] - span, breakpoints[:-1],
+                                jnp.stack([start, start + span])])
+    # the left piece is expanded at x_0: move its origin to x_0 - L
+    left = _taylor_shift(left, -span.astype(coeffs.dtype))
+    return PiecewisePolynomial(outer_bp, jnp.concatenate([left, coeffs, right], axis=1),
+                               extrapolate="extend")
 
 
 def aos_to_soa(coeffs: ArrayLike) -> Array:
@@ -321,7 +389,8 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     Returns:
         (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
         NaN; x = +-inf gives the polynomial's limit under "extend", the end
-        values under "clamp", NaN under "nan" and "periodic".
+        values under "clamp" (and 0 for nu >= 1: the clamped function is flat
+        outside [x_0, x_P]), NaN under "nan" and "periodic".
 
     Raises:
         TypeError: ``pp`` is not a :class:`PiecewisePolynomial` or x is complex.
@@ -354,9 +423,15 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     else:
         breakpoints = pp.breakpoints.astype(cdt)
         coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
+    if 0 in pp.trailing_shape:  # no polynomials to evaluate
+        return jnp.zeros(x.shape + pp.trailing_shape, x.dtype)
     tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
-    return _evaluate_jit(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
+    y = _evaluate_jit(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
+    if pp.extrapolate == "clamp" and nu > 0:  # p(clip(x)) is flat outside [x_0, x_P]
+        outside = (x < breakpoints[0]) | (x > breakpoints[-1])
+        y = jnp.where(outside.reshape(outside.shape + (1,) * len(pp.trailing_shape)), 0, y)
+    return y
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu):

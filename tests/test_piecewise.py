@@ -224,3 +224,75 @@ def test_activation_api():
     err = np.max(np.abs(np.asarray(pp(x)) - ACTIVATIONS["silu"].fn(x)))
     assert err < 3e-5  # fit error at P=64 on [-20, 20]; tails within 4e-8
     assert activation("exp", num_pieces=16).num_pieces == 17
+
+
+# -- clamp calculus, immutability, scipy conversions of other forms -------------------------
+def _clamped_scipy(x):
+    """The clamped function p(clip(x)) evaluated by scipy (the oracle)."""
+    return PPoly(COEFFS, BP)(np.clip(x, BP[0], BP[-1]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_clamp_derivatives_are_those_of_the_clamped_function(backend):
+    jax.config.update("jax_enable_x64", True)
+    pp = PiecewisePolynomial(BP, COEFFS, extrapolate="clamp")
+    x = np.array([-3.0, -1.5, -0.7, 0.3, 1.1, 1.9, 2.5, 7.0])  # no breakpoint within 1e-4
+    h = 1e-5
+    slope = (_clamped_scipy(x + h) - _clamped_scipy(x - h)) / (2 * h)
+    assert_close(pp(x, nu=1, backend=backend), slope, rtol=1e-8, atol=1e-8)
+    assert_close(pp.derivative()(x, backend=backend), slope, rtol=1e-8, atol=1e-8)
+    assert_close(jax.vmap(jax.grad(lambda t: pp(t, backend=backend)))(x), slope, rtol=1e-8,
+                 atol=1e-8)
+    assert pp.derivative().extrapolate == "extend"
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_clamp_antiderivative_is_that_of_the_clamped_function(nu):
+    jax.config.update("jax_enable_x64", True)
+    pp = PiecewisePolynomial(BP, COEFFS, extrapolate="clamp")
+    F = pp.antiderivative(nu)
+    x = np.array([-3.0, -1.5, -0.7, 0.3, 1.1, 1.9, 2.5, 7.0])
+    h = 1e-3
+    if nu == 1:  # F' = p(clip(x)); and F(b) - F(a) = the clamped integral, bounds outside
+        derived = (F(x + h) - F(x - h)) / (2 * h)
+        assert_close(F(6.0) - F(-4.0), pp.integrate(-4.0, 6.0), rtol=1e-12)
+    else:  # F'' = p(clip(x))
+        derived = (F(x + h) - 2 * F(x) + F(x - h)) / h**2
+    assert_close(derived, _clamped_scipy(x), rtol=1e-5, atol=1e-5)
+    assert float(F(BP[0])) == 0.0
+
+
+def test_piecewise_polynomial_is_immutable_and_a_new_one_is_not_stale():
+    pp = PiecewisePolynomial(BP, COEFFS)
+    x = np.array([-0.5, 1.0])
+    before = np.asarray(pp(x, backend="interpret"))  # caches the kernel tables
+    with pytest.raises(AttributeError, match="immutable"):
+        pp.coeffs = 2 * pp.coeffs
+    doubled = PiecewisePolynomial(pp.breakpoints, 2 * pp.coeffs)
+    assert_close(doubled(x, backend="interpret"), 2 * before, rtol=1e-6)
+    shared = activation("tanh", 16, 3)
+    with pytest.raises(AttributeError):
+        shared.coeffs *= 0
+
+
+def test_from_scipy_converts_bernstein_and_decreasing_breakpoints():
+    from scipy.interpolate import BPoly
+
+    jax.config.update("jax_enable_x64", True)
+    bern = BPoly.from_derivatives([0.0, 1.0, 3.0], [[0.0, 1.0], [1.0, -0.5], [0.0, 2.0]])
+    down = PPoly(np.random.default_rng(0).normal(size=(4, 3, 2)), [2.0, 1.0, 0.5, -1.0])
+    x = np.linspace(-2.0, 4.0, 40)  # no inner breakpoint: there scipy's decreasing PPoly
+    for obj in (bern, down):        # takes the lower piece, an increasing one the upper
+        assert_close(PiecewisePolynomial.from_scipy(obj)(x), obj(x), rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="PPoly or BPoly"):
+        PiecewisePolynomial.from_scipy(np.polynomial.Polynomial([1.0]))
+
+
+def test_degenerate_shapes():
+    with pytest.raises(ValueError, match="D >= 0"):
+        PiecewisePolynomial(BP, np.zeros((0, 3)))
+    empty = PiecewisePolynomial(BP, np.zeros((2, 3, 0)))  # no polynomials
+    for backend in ("reference", "interpret"):
+        assert empty(np.ones(4), backend=backend).shape == (4, 0)
+    with pytest.raises(ValueError, match="num_pieces must be an int"):
+        activation("tanh", num_pieces=16.5)
