@@ -4,13 +4,16 @@ Fitting runs :func:`gpustat.mixture.fit_em` (fused E-step kernel on a CUDA GPU, 
 reference elsewhere), restarts batched on the device. Extra constructor arguments:
 ``backend`` ("auto" | "pallas" | "reference" | "interpret") and ``precision`` ("highest"
 = IEEE float32 matmuls, "tf32x3" = error-compensated TF32; plain TF32 is never used).
-float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``).
-``partial_fit`` adds streaming (mini-batch) EM, which scikit-learn lacks.
+float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``); integer
+and bool input is converted to float64 (float32 when ``jax_enable_x64`` is off), as
+scikit-learn converts it. ``partial_fit`` adds streaming (mini-batch) EM, which
+scikit-learn lacks.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import jax
@@ -31,6 +34,7 @@ from gpustat.mixture_validation import (
     PRECISION_CHOICES,
     check_data,
     check_positive_definite,
+    integers_as_float,
 )
 
 __all__ = ["ConvergenceWarning", "GaussianMixture"]
@@ -41,12 +45,26 @@ _COLLAPSE_MESSAGE = (
     "the number of components, increase reg_covar, or scale the input data.")
 
 
+def _is_int(value) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_finite(values: np.ndarray, name: str) -> None:
+    if not np.all(np.isfinite(values)):
+        bad = int(np.sum(~np.isfinite(values)))
+        raise ValueError(f"{name} contains {bad} NaN or infinite values")
+
+
 class ConvergenceWarning(UserWarning):
     """EM stopped at max_iter before the lower bound changed by less than tol."""
 
 
 class GaussianMixture:
     """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
+
+    Integer settings (``n_components``, ``max_iter``, ``n_init``) take Python or numpy
+    integers, not bools.
 
     Args:
         n_components: number of mixture components m.
@@ -122,14 +140,14 @@ class GaussianMixture:
 
     def _check_settings(self) -> None:
         checks = [
-            (isinstance(self.n_components, int) and self.n_components >= 1, "n_components",
+            (_is_int(self.n_components) and self.n_components >= 1, "n_components",
              "an int >= 1"),
             (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
              f"one of {COVARIANCE_TYPES}"),
             (self.tol >= 0, "tol", ">= 0"),
             (self.reg_covar >= 0, "reg_covar", ">= 0"),
-            (isinstance(self.max_iter, int) and self.max_iter >= 0, "max_iter", "an int >= 0"),
-            (isinstance(self.n_init, int) and self.n_init >= 1, "n_init", "an int >= 1"),
+            (_is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
+            (_is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
             (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
         ]
@@ -138,7 +156,7 @@ class GaussianMixture:
                 raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
 
     def _check_X(self, X, *, fitting: bool) -> jax.Array:
-        X = check_data(X)
+        X = check_data(integers_as_float(X))
         if fitting:
             if X.shape[0] < 2:
                 raise ValueError(f"GaussianMixture needs n >= 2 samples, got {X.shape=}")
@@ -151,12 +169,13 @@ class GaussianMixture:
         return X
 
     def _user_inits(self, p: int, dtype):
-        k = self.n_components
+        k = int(self.n_components)
         weights = means = precisions = None
         if self.weights_init is not None:
             weights = np.asarray(self.weights_init, dtype=np.float64)
             if weights.shape != (k,):
                 raise ValueError(f"weights_init must have shape ({k},), got {weights.shape}")
+            _check_finite(weights, "weights_init")
             if np.any(weights < 0) or np.any(weights > 1) or not np.isclose(weights.sum(), 1):
                 raise ValueError("weights_init must lie in [0, 1] and sum to 1, got "
                                  f"sum={weights.sum()!r}")
@@ -165,6 +184,7 @@ class GaussianMixture:
             means = np.asarray(self.means_init, dtype=np.float64)
             if means.shape != (k, p):
                 raise ValueError(f"means_init must have shape ({k}, {p}), got {means.shape}")
+            _check_finite(means, "means_init")
             means = jnp.asarray(means, dtype)
         if self.precisions_init is not None:
             precisions = np.asarray(self.precisions_init, dtype=np.float64)
@@ -174,6 +194,7 @@ class GaussianMixture:
                 raise ValueError(f"precisions_init for covariance_type="
                                  f"{self.covariance_type!r} must have shape {expected}, got "
                                  f"{precisions.shape}")
+            _check_finite(precisions, "precisions_init")
             if self.covariance_type in ("full", "tied"):
                 check_positive_definite(precisions, "precisions_init")
             elif np.any(precisions <= 0):
@@ -192,7 +213,7 @@ class GaussianMixture:
                                                  self.covariance_type)
             return jax.tree.map(batch, user)
         shift = jnp.mean(X, axis=0)
-        init = initialize(key, X - shift, self.n_components,
+        init = initialize(key, X - shift, int(self.n_components),
                           covariance_type=self.covariance_type, reg_covar=self.reg_covar,
                           method=self.init_params, n_init=n_init)
         init = MixtureParams(init.weights, init.means + shift, init.covariances,
@@ -226,8 +247,12 @@ class GaussianMixture:
     def fit(self, X, y=None) -> GaussianMixture:
         """Estimate the parameters with EM (``n_init`` batched restarts).
 
+        A fit discards any streaming state of :meth:`partial_fit`: a later
+        ``partial_fit`` continues from the parameters fitted here.
+
         Args:
-            X: (n, p) data, float32 or float64, finite, n >= max(2, m).
+            X: (n, p) data, finite, n >= max(2, m); float32 or float64 (integer and bool
+                become float64, or float32 when ``jax_enable_x64`` is off).
             y: ignored.
 
         Returns:
@@ -249,18 +274,19 @@ class GaussianMixture:
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         if do_init:
             seed = 0 if self.random_state is None else int(self.random_state)
-            init = self._initial_params(X, jax.random.key(seed), self.n_init)
+            init = self._initial_params(X, jax.random.key(seed), int(self.n_init))
             start_bound = -math.inf
         else:
             init, start_bound = self.params_, self.lower_bound_
         init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
-        result = fit_em(X, init, tol=self.tol, max_iter=self.max_iter,
+        result = fit_em(X, init, tol=self.tol, max_iter=int(self.max_iter),
                         reg_covar=self.reg_covar, initial_lower_bound=start_bound,
                         backend=self.backend, precision=self.precision)
         if int(result.status) != STATUS_OK:
             raise ValueError(_COLLAPSE_MESSAGE)
         self.n_features_in_ = X.shape[1]
         self._set_fitted(result.params)
+        self.__dict__.pop("_online_state", None)  # partial_fit restarts from these params
         self.converged_ = bool(result.converged)
         self.n_iter_ = int(result.n_iter)
         self.lower_bound_ = float(result.lower_bound)
@@ -277,19 +303,19 @@ class GaussianMixture:
     def partial_fit(self, X, y=None) -> GaussianMixture:
         """One step of streaming (mini-batch) EM on the batch X (b, p).
 
-        The first call initialises from the batch (``init_params``/user inits); later
-        calls average the batch's statistics with step rho_t = (t + 2)^-0.6 and redo
-        the M-step. Attributes are updated after every call.
+        The first call starts the stream: from the parameters of the last :meth:`fit`
+        when the estimator was fitted by ``fit`` (the stream is reset by every ``fit``),
+        otherwise from an initialisation on the batch (``init_params``/user inits). Call
+        t = 0, 1, ... of the stream averages the batch's per-row statistics into the
+        running ones with step rho_t = (t + 1)^-0.6 (rho_0 = 1: the first batch replaces
+        them) and redoes the M-step. Attributes are updated after every call; returns
+        self. X follows :meth:`fit`'s dtype rules and needs b >= max(2, m) rows when it
+        starts the stream from an initialisation.
         """
         del y
         self._check_settings()
         if not hasattr(self, "_online_state"):
-            X = self._check_X(X, fitting=True)
-            seed = 0 if self.random_state is None else int(self.random_state)
-            init = jax.tree.map(lambda a: a[0],
-                                self._initial_params(X, jax.random.key(seed), 1))
-            self._online_state = online_em_init(X, init)
-            self.n_features_in_ = X.shape[1]
+            self._online_state = self._start_stream(X)
         X = self._check_X(X, fitting=False)
         self._online_state, batch_bound = online_em_step(
             self._online_state, X, reg_covar=self.reg_covar, backend=self.backend,
@@ -302,6 +328,17 @@ class GaussianMixture:
         self.n_iter_ = int(self._online_state.step)
         self.converged_ = False
         return self
+
+    def _start_stream(self, X):
+        """Streaming-EM state from the fitted parameters, else from an init on X."""
+        if hasattr(self, "params_"):
+            X = self._check_X(X, fitting=False)
+            return online_em_init(X, self.params_)
+        X = self._check_X(X, fitting=True)
+        seed = 0 if self.random_state is None else int(self.random_state)
+        init = jax.tree.map(lambda a: a[0], self._initial_params(X, jax.random.key(seed), 1))
+        self.n_features_in_ = X.shape[1]
+        return online_em_init(X, init)
 
     # ------------------------------------------------------------------ inference
 
@@ -338,24 +375,31 @@ class GaussianMixture:
         return np.asarray(jax.nn.softmax(self._weighted_log_prob(X), axis=1))
 
     def sample(self, n_samples: int = 1):
-        """Draw (X (n_samples, p), labels (n_samples,)) from the fitted mixture."""
+        """Draw (X (n_samples, p) float64, labels (n_samples,)) from the fitted mixture.
+
+        The draws are scikit-learn's from the same parameters and ``random_state``:
+        counts per component from one multinomial draw, then full and tied components by
+        ``multivariate_normal``, diag and spherical ones as mean + z sqrt(variance) with
+        z standard normal.
+        """
         self._check_fitted()
-        if n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {n_samples=}")
+        if not _is_int(n_samples) or n_samples < 1:
+            raise ValueError(f"n_samples must be an int >= 1, got {n_samples=}")
         rng = np.random.RandomState(self.random_state)
-        counts = rng.multinomial(n_samples, self.weights_ / self.weights_.sum())
+        pvals = np.asarray(self.weights_, np.float64)
+        counts = rng.multinomial(n_samples, pvals / pvals.sum())
         p = self.means_.shape[1]
         pieces = []
         for j, count in enumerate(counts):
             if self.covariance_type == "full":
-                cov = self.covariances_[j]
+                pieces.append(rng.multivariate_normal(self.means_[j], self.covariances_[j],
+                                                      int(count)))
             elif self.covariance_type == "tied":
-                cov = self.covariances_
-            elif self.covariance_type == "diag":
-                cov = np.diag(self.covariances_[j])
-            else:
-                cov = self.covariances_[j] * np.eye(p)
-            pieces.append(rng.multivariate_normal(self.means_[j], cov, int(count)))
+                pieces.append(rng.multivariate_normal(self.means_[j], self.covariances_,
+                                                      int(count)))
+            else:  # diag (p,) or spherical () variances, broadcast over the features
+                z = rng.standard_normal(size=(int(count), p))
+                pieces.append(self.means_[j] + z * np.sqrt(self.covariances_[j]))
         labels = np.repeat(np.arange(len(counts)), counts)
         return np.vstack(pieces), labels
 

@@ -8,7 +8,9 @@ their (weighted) mean inside the drivers so that covariances formed from raw mom
 not cancel; the returned means are in the original coordinates.
 
 Streaming EM follows Cappe and Moulines (2009): the normalised statistics are averaged
-with step sizes rho_t = (t + 2)^-kappa and the M-step is applied after every batch.
+with their step sizes gamma_n = n^-kappa for batch n = 1, 2, ..., i.e. rho_t = (t + 1)^-kappa
+for the 0-based step count t (rho_0 = 1: the first batch replaces the zero initial
+statistics), and the M-step is applied after every batch.
 """
 
 from __future__ import annotations
@@ -237,7 +239,8 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
         state: :class:`OnlineEMState` from :func:`online_em_init` or a previous step.
         X_batch: (b, p) mini-batch.
         reg_covar: added to covariance diagonals.
-        kappa: step-size exponent in (0.5, 1]; rho_t = (t + 2)^-kappa (rho_0 = 1 for t = 0).
+        kappa: step-size exponent in (0.5, 1]; rho_t = (t + 1)^-kappa with t = ``state.step``
+            (0 for the first batch: rho_0 = 1, then 2^-kappa, 3^-kappa, ...).
         backend: E-step backend.
         precision: float32 matmul precision of the kernels.
 
@@ -251,7 +254,7 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
     stats = mixture_ops.dispatch_suff_stats(Xc, state.params, None, path=path,
                                             precision=precision)
     batch = stats.scale(1.0 / X_batch.shape[0])
-    rho = jnp.where(state.step == 0, 1.0, (state.step + 1.0) ** -kappa).astype(Xc.dtype)
+    rho = ((state.step + 1.0) ** -kappa).astype(Xc.dtype)  # 1 at step 0: replaces the zeros
     averaged = state.stats.scale(1 - rho) + batch.scale(rho)
     # m_step pads counts with 10 eps, so it needs counts on the data's scale, not per row
     params = m_step(averaged.scale(X_batch.shape[0]),

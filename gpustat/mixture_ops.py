@@ -10,12 +10,16 @@ float64). On
 kernel paths the public ops shift X by sum_j w_j mu_j (by the data mean for labels)
 before the whitened products x^T U_j and shift the moments back, so uncentred float32
 data keep their accuracy; the drivers, which centre X themselves, call the kernels
-directly.
+directly. The ops are differentiable (``jax.grad``, ``jax.jvp``) on every backend in X,
+the parameters and the sample weights: on kernel paths a ``custom_jvp`` runs the kernel
+forward and takes the derivatives of the reference (the kernels have no backward pass).
+Labels are integers and have no derivative.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -84,13 +88,30 @@ def _kernel_kwargs(path, precision):
     return {"interpret": path == "interpret", "precision": precision}
 
 
+def _with_reference_derivatives(kernel_fn, reference_fn, *args):
+    """``kernel_fn(*args)``, differentiated as ``reference_fn`` (same arguments and outputs):
+    a ``custom_jvp`` outside the dispatch, since ``pallas_call`` has no derivative rule
+    for these kernels. Reverse mode transposes the reference's linearisation."""
+    op = jax.custom_jvp(kernel_fn)
+
+    @op.defjvp
+    def _jvp(primals, tangents):
+        return op(*primals), jax.jvp(reference_fn, primals, tangents)[1]
+
+    return op(*args)
+
+
 def _row_density_op(op: str, X, params, backend, precision):
     """Validate and dispatch ``mvn_logpdf`` or ``log_prob`` (kernels on centred data)."""
     X, params, path = _prepare(X, params, op, backend, precision)
     if path == "reference":
         return getattr(_reference, op)(X, params)
-    Xs, params_s, _ = _centred(X, params)
-    return getattr(_kernels, op)(Xs, params_s, **_kernel_kwargs(path, precision))
+
+    def kernel(X, params):
+        Xs, params_s, _ = _centred(X, params)
+        return getattr(_kernels, op)(Xs, params_s, **_kernel_kwargs(path, precision))
+
+    return _with_reference_derivatives(kernel, getattr(_reference, op), X, params)
 
 
 def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
@@ -142,11 +163,15 @@ def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: 
     X, params, path = _prepare(X, params, "responsibilities", backend, precision)
     if path == "reference":
         return _reference.responsibilities(X, params)
-    kw = _kernel_kwargs(path, precision)
-    Xs, params_s, _ = _centred(X, params)
-    log_dens = _kernels.mvn_logpdf(Xs, params_s, **kw)
-    lse = _kernels.log_prob(Xs, params_s, **kw)
-    return jnp.exp(log_dens + jnp.log(params.weights) - lse[:, None])
+
+    def kernel(X, params):
+        kw = _kernel_kwargs(path, precision)
+        Xs, params_s, _ = _centred(X, params)
+        log_dens = _kernels.mvn_logpdf(Xs, params_s, **kw)
+        lse = _kernels.log_prob(Xs, params_s, **kw)
+        return jnp.exp(log_dens + jnp.log(params.weights) - lse[:, None])
+
+    return _with_reference_derivatives(kernel, _reference.responsibilities, X, params)
 
 
 def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
@@ -176,10 +201,14 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     X, params, path = _prepare(X, params, "suff_stats", backend, precision)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     if path == "reference":
-        return dispatch_suff_stats(X, params, w, path=path, precision=precision)
-    Xs, params_s, shift = _centred(X, params)
-    return _unshift_stats(dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision),
-                          shift)
+        return _reference.suff_stats(X, params, w)
+
+    def kernel(X, params, w):
+        Xs, params_s, shift = _centred(X, params)
+        return _unshift_stats(
+            dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision), shift)
+
+    return _with_reference_derivatives(kernel, _reference.suff_stats, X, params, w)
 
 
 def dispatch_suff_stats(X, params, w, *, path: str, precision: str) -> SuffStats:
@@ -207,13 +236,20 @@ def sample_labels(key, X: Float[Array, "n p"], params: MixtureParams, *,
         return_log_prob: also return log p(x_i) (n,), computed in the same pass.
 
     Returns:
-        (n,) int32 labels in [0, m) (and the (n,) log-likelihoods when asked).
+        (n,) int32 labels in [0, m) (and the (n,) log-likelihoods when asked: these are
+            differentiable like :func:`log_prob`, the labels are not).
     """
     X, params, path = _prepare(X, params, "sample_labels", backend, precision)
-    if path != "reference":
-        X, params, _ = _centred(X, params)
-    return dispatch_sample_labels(key, X, params, path=path, precision=precision,
-                                  return_log_prob=return_log_prob)
+    draw = functools.partial(_reference.sample_labels, return_log_prob=return_log_prob)
+    if path == "reference":
+        return draw(key, X, params)
+
+    def kernel(key, X, params):
+        Xs, params_s, _ = _centred(X, params)
+        return dispatch_sample_labels(key, Xs, params_s, path=path, precision=precision,
+                                      return_log_prob=return_log_prob)
+
+    return _with_reference_derivatives(kernel, draw, key, X, params)
 
 
 def dispatch_sample_labels(key, X, params, *, path: str, precision: str,
@@ -263,12 +299,18 @@ def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_c
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels")
     if path == "reference":
-        return dispatch_suff_stats_from_labels(X, labels, n_components, w, path=path,
-                                               precision=precision)
-    shift = jnp.mean(X, axis=0)
-    stats = dispatch_suff_stats_from_labels(X - shift, labels, n_components, w, path=path,
-                                            precision=precision)
-    return _unshift_stats(stats, shift)
+        return _reference.suff_stats_from_labels(X, labels, n_components, w)
+
+    def reference(X, labels, w):
+        return _reference.suff_stats_from_labels(X, labels, n_components, w)
+
+    def kernel(X, labels, w):
+        shift = jnp.mean(X, axis=0)
+        stats = dispatch_suff_stats_from_labels(X - shift, labels, n_components, w, path=path,
+                                                precision=precision)
+        return _unshift_stats(stats, shift)
+
+    return _with_reference_derivatives(kernel, reference, X, labels, w)
 
 
 def dispatch_suff_stats_from_labels(X, labels, n_components, w, *, path: str,

@@ -1,8 +1,8 @@
 """Input checks shared by the mixture ops, drivers and estimator.
 
 Shape and dtype checks are static (they work under ``jax.jit``); value checks
-(finiteness, positivity, label range) run only on concrete arrays and are skipped for
-tracers.
+(finiteness, positivity, label range) run only on concrete arrays, eagerly even while
+``jax.jit`` traces a function that closes over them, and are skipped for tracers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
 
 __all__ = ["PRECISION_CHOICES", "check_data", "check_labels", "check_params", "check_precision",
-           "check_sample_weight", "is_concrete"]
+           "check_sample_weight", "integers_as_float", "is_concrete"]
 
 PRECISION_CHOICES = ("highest", "tf32x3")
 
@@ -33,11 +33,24 @@ def check_data(X, name: str = "X") -> jax.Array:
         raise TypeError(f"{name} must be a floating array, got {name}.dtype={X.dtype}")
     if X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"{name} needs at least one row and one column, got {X.shape=}")
-    if X.dtype != jnp.float64:
-        X = X.astype(jnp.float32)
-    if is_concrete(X) and not bool(jnp.all(jnp.isfinite(X))):
-        bad = int(jnp.sum(~jnp.isfinite(X)))
-        raise ValueError(f"{name} contains {bad} NaN or infinite values; remove or impute them")
+    if is_concrete(X):
+        with jax.ensure_compile_time_eval():  # also when jit closes over a concrete X
+            bad = int(jnp.sum(~jnp.isfinite(X)))
+        if bad:
+            raise ValueError(f"{name} contains {bad} NaN or infinite values; remove or impute "
+                             "them")
+    return X if X.dtype == jnp.float64 else X.astype(jnp.float32)
+
+
+def integers_as_float(X):
+    """Integer or bool X as JAX's default float dtype (float64 under ``jax_enable_x64``,
+    else float32), as scikit-learn converts it; any other X unchanged."""
+    dtype = getattr(X, "dtype", None)
+    if dtype is None:
+        X = np.asarray(X)
+        dtype = X.dtype
+    if np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.bool_):
+        return jnp.asarray(X, dtype=jnp.result_type(float))
     return X
 
 
@@ -70,10 +83,12 @@ def check_sample_weight(sample_weight, n: int, dtype):
     w = jnp.asarray(sample_weight)
     if w.shape != (n,):
         raise ValueError(f"sample_weight must have shape ({n},), got {w.shape=}")
-    w = w.astype(dtype)
-    if is_concrete(w) and not bool(jnp.all(jnp.isfinite(w) & (w >= 0))):
-        raise ValueError("sample_weight must be finite and non-negative")
-    return w
+    if is_concrete(w):
+        with jax.ensure_compile_time_eval():
+            valid = bool(jnp.all(jnp.isfinite(w) & (w >= 0)))
+        if not valid:
+            raise ValueError("sample_weight must be finite and non-negative")
+    return w.astype(dtype)
 
 
 def check_labels(labels, n: int, n_components: int):
@@ -83,10 +98,12 @@ def check_labels(labels, n: int, n_components: int):
         raise ValueError(f"labels must have shape ({n},), got {labels.shape=}")
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         raise TypeError(f"labels must be integers, got {labels.dtype=}")
-    if is_concrete(labels) and n and not (0 <= int(labels.min()) and
-                                          int(labels.max()) < n_components):
-        raise ValueError(f"labels must lie in [0, {n_components}), got range "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
+    if is_concrete(labels) and n:
+        with jax.ensure_compile_time_eval():
+            low, high = int(labels.min()), int(labels.max())
+        if not (0 <= low and high < n_components):
+            raise ValueError(f"labels must lie in [0, {n_components}), got range "
+                             f"[{low}, {high}]")
     return labels.astype(jnp.int32)
 
 

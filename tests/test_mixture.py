@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 
 import gpustat
@@ -212,3 +213,177 @@ def test_fit_bem_recovers_centres_and_runs_batched_restarts(blobs):
     centres = np.array([[0.0, 0.0], [5.0, 5.0], [-5.0, 4.0]])
     dist = np.linalg.norm(np.asarray(result.params.means)[:, None] - centres[None], axis=2)
     assert np.all(dist.min(axis=0) < 0.5)
+
+
+def _sklearn_one_em_step(X, gm):
+    """scikit-learn's single EM iteration on X from the parameters of ``gm``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter=1 does not converge
+        return SklearnGaussianMixture(
+            gm.n_components, covariance_type=gm.covariance_type, max_iter=1,
+            weights_init=gm.weights_, means_init=gm.means_,
+            precisions_init=gm.precisions_).fit(X)
+
+
+@pytest.mark.parametrize("first_shape", [(60, 3, 3), (60, 2, 2)])
+def test_partial_fit_after_fit_continues_from_the_fitted_parameters(first_shape):
+    """fit resets the stream: a later partial_fit is one EM step on its batch from the
+    fitted parameters, whatever a partial_fit before the fit streamed (same or other p, m)."""
+    rng = np.random.default_rng(4)
+    n, p, k = first_shape
+    gm = mixture.GaussianMixture(k, backend="reference", random_state=0)
+    gm.partial_fit(rng.normal(size=(n, p)) + np.arange(n)[:, None] % k * 5)
+    X = rng.normal(size=(90, 3)) + np.arange(90)[:, None] % 3 * np.array([5.0, -4.0, 3.0])
+    gm.set_params(n_components=3).fit(X)
+    batch = X[rng.permutation(90)[:45]] + 0.1 * rng.normal(size=(45, 3))
+    want = _sklearn_one_em_step(batch, gm)
+    gm.partial_fit(batch)
+    assert_close(gm.weights_, want.weights_, rtol=1e-8)
+    assert_close(gm.means_, want.means_, rtol=1e-8)
+    assert_close(gm.covariances_, want.covariances_, rtol=1e-8)
+
+
+def test_estimator_takes_integer_data_and_numpy_integer_settings(blobs):
+    """scikit-learn converts integer and bool X to float64 and takes numpy integers."""
+    Xi = np.round(blobs * 10).astype(np.int64)
+    start = dict(weights_init=np.full(3, 1 / 3), means_init=Xi[:3].astype(np.float64),
+                 precisions_init=np.broadcast_to(np.eye(2) / 100, (3, 2, 2)).copy())
+    settings = dict(max_iter=np.int64(100), n_init=np.int32(1), **start)
+    theirs = SklearnGaussianMixture(np.int64(3), **settings).fit(Xi)
+    ours = mixture.GaussianMixture(np.int64(3), backend="reference", **settings).fit(Xi)
+    assert ours.means_.dtype == np.float64 and ours.n_iter_ == theirs.n_iter_
+    assert_close(ours.means_, theirs.means_, rtol=1e-8)
+    np.testing.assert_array_equal(ours.predict(Xi), theirs.predict(Xi))
+    flags = Xi[:10] > 0  # scikit-learn 1.9 scores bool rows wrongly: give it the floats
+    assert_close(ours.score_samples(flags), theirs.score_samples(flags.astype(np.float64)),
+                 rtol=1e-9)
+    with jax.enable_x64(False):
+        assert mixture.GaussianMixture(3, backend="reference").fit(Xi).means_.dtype == np.float32
+    with pytest.raises(ValueError, match="n_components"):
+        mixture.GaussianMixture(True).fit(blobs)
+    with pytest.raises(ValueError, match="max_iter"):
+        mixture.GaussianMixture(2, max_iter=10.0).fit(blobs)
+
+
+@pytest.mark.parametrize("name,covariance_type,value", [
+    ("means_init", "full", [[np.nan, 0.0], [5.0, 5.0]]),
+    ("weights_init", "full", [np.nan, 0.5]),
+    ("precisions_init", "full", [[[np.nan, 0.0], [0.0, 1.0]], np.eye(2)]),
+    ("precisions_init", "diag", [[np.nan, 1.0], [1.0, 1.0]]),
+    ("precisions_init", "spherical", [np.inf, 1.0]),
+])
+def test_non_finite_user_inits_are_named(blobs, name, covariance_type, value):
+    gm = mixture.GaussianMixture(2, covariance_type=covariance_type, backend="reference",
+                                 **{name: value})
+    with pytest.raises(ValueError, match=f"{name} contains 1 NaN or infinite"):
+        gm.fit(blobs)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_sample_labels_are_int32_on_every_backend(blobs, params, backend):
+    """Documented int32 labels; the kernel's sum over component blocks promoted to int64."""
+    key = jax.random.key(0)
+    labels, lp = mixture.sample_labels(key, blobs, params, backend=backend,
+                                       return_log_prob=True)
+    assert labels.dtype == jnp.int32 and lp.dtype == jnp.float64
+    from_stats, _, _ = mixture_ops.dispatch_sample_labels_with_stats(
+        key, jnp.asarray(blobs), params, path=backend, precision="highest")
+    assert from_stats.dtype == jnp.int32
+
+
+def _scalar_objectives(backend, labels):
+    """Smooth scalars of every differentiable output of the ops, in (X, params, w)."""
+    def total(tree):
+        return sum(jnp.sum(jnp.cos(leaf)) for leaf in jax.tree.leaves(tree))
+
+    return {
+        "mvn_logpdf": lambda X, prm, w: total(mixture.mvn_logpdf(X, prm, backend=backend)),
+        "log_prob": lambda X, prm, w: jnp.sum(w * mixture.log_prob(X, prm, backend=backend)),
+        "responsibilities": lambda X, prm, w: total(
+            mixture.responsibilities(X, prm, backend=backend)),
+        "suff_stats": lambda X, prm, w: total(mixture.suff_stats(X, prm, w, backend=backend)),
+        "suff_stats_from_labels": lambda X, prm, w: total(
+            mixture.suff_stats_from_labels(X, labels, 3, w, backend=backend)),
+        "sample_labels": lambda X, prm, w: total(mixture.sample_labels(
+            jax.random.key(1), X, prm, backend=backend, return_log_prob=True)[1]),
+    }
+
+
+@pytest.mark.parametrize("op", ["mvn_logpdf", "log_prob", "responsibilities", "suff_stats",
+                                "suff_stats_from_labels", "sample_labels"])
+def test_gradients_on_the_kernel_path_equal_the_reference(op):
+    """jax.grad through the kernels (backend="interpret", as "auto" on a GPU) equals the
+    reference's in X, every parameter array and the sample weights (float64)."""
+    rng = np.random.default_rng(5)
+    X = jnp.asarray(rng.normal(size=(11, 3)) * 2)
+    A = rng.normal(size=(3, 3, 3))
+    prm = mixture.MixtureParams.from_covariances(
+        jnp.array([0.2, 0.3, 0.5]), jnp.asarray(rng.normal(size=(3, 3))),
+        jnp.asarray(A @ np.swapaxes(A, 1, 2) + np.eye(3)))
+    w = jnp.asarray(rng.uniform(0.5, 2.0, 11))
+    labels = jnp.asarray(rng.integers(0, 3, 11))
+    f_kernel = _scalar_objectives("interpret", labels)[op]
+    f_ref = _scalar_objectives("reference", labels)[op]
+    got = jax.grad(f_kernel, argnums=(0, 1, 2))(X, prm, w)
+    want = jax.grad(f_ref, argnums=(0, 1, 2))(X, prm, w)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_close(g, r, rtol=1e-10, atol=1e-12)
+    # forward mode too, and the reference's gradient against finite differences
+    _, tangent = jax.jvp(f_kernel, (X, prm, w), (X, prm, w))
+    assert_close(tangent, jax.jvp(f_ref, (X, prm, w), (X, prm, w))[1], rtol=1e-10)
+    check_grads(lambda X, means: f_ref(
+        X, mixture.MixtureParams.from_covariances(prm.weights, means, prm.covariances), w),
+        (X, prm.means), order=1, modes=("rev",))
+
+
+def test_streaming_step_sizes_follow_cappe_moulines():
+    """rho_t = (t + 1)^-kappa: 1, 2^-kappa, 3^-kappa. With one component every row has
+    responsibility 1, so the averaged statistics are weighted batch means (numpy)."""
+    rng = np.random.default_rng(6)
+    batches = [rng.normal(size=(20, 2)) + 3 * t for t in range(3)]
+    init = mixture.MixtureParams.from_covariances(jnp.ones(1), jnp.zeros((1, 2)),
+                                                  jnp.eye(2)[None])
+    for kappa in (0.6, 0.9):
+        state = mixture.online_em_init(batches[0], init)
+        shift = batches[0].mean(axis=0)
+        want_mean, want_moment = 0.0, 0.0
+        for t, batch in enumerate(batches):
+            state, _ = mixture.online_em_step(state, batch, kappa=kappa, backend="reference")
+            rho = [1.0, 2.0**-kappa, 3.0**-kappa][t]
+            centred = batch - shift
+            want_mean = (1 - rho) * want_mean + rho * centred.mean(axis=0)
+            want_moment = (1 - rho) * want_moment + rho * centred.T @ centred / len(batch)
+            assert_close(state.stats.sum_x[0], want_mean, rtol=1e-12, atol=1e-12)
+            assert_close(state.stats.sum_xx[0], want_moment, rtol=1e-12, atol=1e-12)
+        assert_close(mixture.online_params(state).means[0], want_mean + shift, rtol=1e-12)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_sample_equals_sklearn_with_the_same_parameters(blobs, covariance_type):
+    ours = mixture.GaussianMixture(3, covariance_type=covariance_type, random_state=7,
+                                   backend="reference").fit(blobs)
+    theirs = SklearnGaussianMixture(3, covariance_type=covariance_type, random_state=7).fit(blobs)
+    for name in ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_"):
+        setattr(theirs, name, getattr(ours, name))
+    X, y = ours.sample(200)
+    want_X, want_y = theirs.sample(200)
+    assert X.dtype == want_X.dtype
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(X, want_X)
+
+
+def test_jit_closing_over_concrete_data_checks_it_eagerly(blobs, params):
+    X = jnp.asarray(blobs)
+    labels = jnp.zeros(X.shape[0], jnp.int32)
+    weights = jnp.ones(X.shape[0])
+    assert_close(jax.jit(lambda: mixture.log_prob(X, params))(), ref.log_prob(X, params),
+                 rtol=1e-12)
+    stats = jax.jit(lambda: mixture.suff_stats(X, params, sample_weight=weights))()
+    assert float(stats.counts.sum()) == pytest.approx(X.shape[0])
+    by_label = jax.jit(lambda: mixture.suff_stats_from_labels(X, labels, 3))()
+    assert float(by_label.counts[0]) == X.shape[0]
+    X_bad, labels_bad = X.at[0, 0].set(jnp.nan), labels + 5  # concrete, built outside jit
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        jax.jit(lambda: mixture.log_prob(X_bad, params))()
+    with pytest.raises(ValueError, match="labels must lie in"):
+        jax.jit(lambda: mixture.suff_stats_from_labels(X, labels_bad, 3))()

@@ -543,7 +543,8 @@ def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = 
             _draw_kernel, (u, lse, start, landing, logits),
             [jax.ShapeDtypeStruct((blocks, layout.n_pad), jnp.int32)],
             interpret=layout.interpret, n_components=layout.k)
-        labels = jnp.sum(labels, axis=0)[:layout.n]
+        # one block holds each row's label (0 in the others); int32 sum (x64 promotes)
+        labels = jnp.sum(labels, axis=0, dtype=jnp.int32)[:layout.n]
         stats = label_stats(Xp[:layout.n], wc, labels, layout.k, layout.p,
                             algorithm=layout.algorithm, interpret=layout.interpret,
                             **label_settings)
