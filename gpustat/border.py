@@ -19,6 +19,7 @@ batch; :func:`retry_failed` re-solves only the failed atoms with their bumped ri
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -61,6 +62,21 @@ def _check_real(name: str, x) -> jax.Array:
     return x
 
 
+def _check_row_dim(d) -> int:
+    """The ``d`` argument of :meth:`BorderBatch.from_atoms`: an integer >= 1."""
+    if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
+        raise ValueError(f"from_atoms: d must be an integer >= 1, got {d=!r}")
+    return int(d)
+
+
+def _atom_index(a, b: int) -> int:
+    """Atom ``a`` of ``b`` as an index in ``[0, b)``; negative ``a`` counts from the end."""
+    a = operator.index(a)
+    if not -b <= a < b:
+        raise IndexError(f"atom index {a} out of range for {b} atoms")
+    return a % b
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class BorderBatch:
@@ -100,7 +116,8 @@ class BorderBatch:
             g_t: ``b`` arrays ``(n_a, d)``.
             H_bb: ``b`` arrays ``(k_a, k_a)``, ``0 <= k_a <= 32``.
             g_b: ``b`` arrays ``(k_a,)``.
-            d: row dimension; needed only for an empty batch (default 1 then).
+            d: row dimension, an integer >= 1; needed only for an empty batch (default 1
+                then), else checked against ``H_tt[0]``.
 
         Returns:
             The packed batch, in the common floating dtype of the inputs (integers
@@ -108,9 +125,11 @@ class BorderBatch:
 
         Raises:
             ValueError: lists of different lengths, mismatched shapes, non-uniform ``d``,
-                ``k_a > 32``.
+                ``d`` not an integer >= 1, ``k_a > 32``.
             TypeError: complex or boolean arrays.
         """
+        if d is not None:
+            d = _check_row_dim(d)
         lists = {"H_tt": H_tt, "H_tb": H_tb, "g_t": g_t, "H_bb": H_bb, "g_b": g_b}
         lengths = {name: len(v) for name, v in lists.items()}
         if len(set(lengths.values())) != 1:
@@ -119,19 +138,17 @@ class BorderBatch:
         atoms = [{name: _check_real(f"{name}[{a}]", v[a]) for name, v in lists.items()}
                  for a in range(lengths["H_tt"])]
         if not atoms:
-            layout = BorderLayout(1 if d is None else int(d), np.zeros(0), np.zeros(0))
+            layout = BorderLayout(1 if d is None else d, np.zeros(0), np.zeros(0))
             dtype = jnp.result_type(float)
             return cls(*(jnp.zeros(s, dtype) for s in layout.packed_sizes().values()), layout)
-        row_dim = atoms[0]["H_tt"].shape[-1] if atoms[0]["H_tt"].ndim == 3 else None
-        if d is not None and row_dim is not None and row_dim != d:
-            raise ValueError(f"from_atoms: {d=} but H_tt[0] has d={row_dim}")
+        row_dim = _first_row_dim(atoms[0]["H_tt"], d)
         n_rows, k_dims = [], []
         for a, atom in enumerate(atoms):
             n_a, k_a = _atom_sizes(a, atom, row_dim)
             n_rows.append(n_a)
             k_dims.append(k_a)
         dtype = jnp.result_type(*(x.dtype for atom in atoms for x in atom.values()))
-        layout = BorderLayout(int(row_dim), np.array(n_rows), np.array(k_dims))
+        layout = BorderLayout(row_dim, np.array(n_rows), np.array(k_dims))
 
         def pack(name, flat):
             parts = [atom[name].astype(dtype) for atom in atoms]
@@ -164,8 +181,13 @@ class BorderBatch:
 
     def atom(self, a: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
         """Atom ``a``'s ``(H_tt (n_a, d, d), H_tb (n_a, d, k_a), g_t (n_a, d), H_bb (k_a, k_a),
-        g_b (k_a,))``."""
+        g_b (k_a,))``; a negative ``a`` counts from the end, as in a Python list.
+
+        Raises:
+            IndexError: ``a`` outside ``[-b, b)``.
+        """
         lay = self.layout
+        a = _atom_index(a, lay.num_atoms)
         n, k, d = int(lay.n_rows[a]), int(lay.k_dims[a]), lay.d
         r0, c0 = int(lay.row_offsets[a]), int(lay.cross_offsets[a])
         h0, b0 = int(lay.hbb_offsets[a]), int(lay.border_offsets[a])
@@ -182,7 +204,20 @@ class BorderBatch:
                            self.g_b[lay.border_index(atoms)], lay.subset(atoms))
 
 
-def _atom_sizes(a: int, atom: dict, d: int | None) -> tuple[int, int]:
+def _first_row_dim(H_tt, d: int | None) -> int:
+    """The batch's row dimension, from atom 0's ``H_tt`` ``(n_0, d, d)`` (and the ``d``
+    argument when given)."""
+    if H_tt.ndim != 3 or H_tt.shape[1] != H_tt.shape[2]:
+        raise ValueError(f"H_tt[0]: expected (n_a, d, d), got {H_tt.ndim}-D {H_tt.shape=}")
+    row_dim = H_tt.shape[2]
+    if row_dim < 1:
+        raise ValueError(f"H_tt[0]: the row dimension d must be >= 1, got {H_tt.shape=}")
+    if d is not None and row_dim != d:
+        raise ValueError(f"from_atoms: {d=} but H_tt[0] has d={row_dim}")
+    return row_dim
+
+
+def _atom_sizes(a: int, atom: dict, d: int) -> tuple[int, int]:
     """Validate one atom's shapes; return ``(n_a, k_a)``."""
     H_tt, H_tb, g_t, H_bb, g_b = (atom[n] for n in ("H_tt", "H_tb", "g_t", "H_bb", "g_b"))
     if H_tt.ndim != 3 or H_tt.shape[1:] != (d, d):
@@ -212,7 +247,9 @@ class BorderSolution:
         delta_beta: ``(sum_a k_a,)`` packed border steps (NaN for failed atoms).
         log_det: ``(b,)`` natural log-determinant of each whole ridged bordered matrix.
         status: ``(b,)`` int32: 0 ok, 1 a row block not positive definite, 2 the Schur
-            complement not positive definite, 3 non-finite input.
+            complement not positive definite, 3 non-finite input or intermediate (finite
+            inputs whose unridged Schur complement, a row sum of its absolute values, or
+            reduced right-hand side overflowed).
         row: ``(b,)`` int32 first failing atom-local row for status 1, else -1.
         bump: ``(b,)`` suggested ridge increase: for ``ridge_t`` when status 1, for
             ``ridge_beta`` when status 2 (Gershgorin rule of spec B.5), else 0.
@@ -228,8 +265,14 @@ class BorderSolution:
     layout: BorderLayout = dataclasses.field(metadata={"static": True})
 
     def atom(self, a: int) -> tuple[jax.Array, jax.Array]:
-        """Atom ``a``'s ``(delta_t (n_a, d), delta_beta (k_a,))``."""
+        """Atom ``a``'s ``(delta_t (n_a, d), delta_beta (k_a,))``; a negative ``a`` counts
+        from the end, as in a Python list.
+
+        Raises:
+            IndexError: ``a`` outside ``[-b, b)``.
+        """
         lay = self.layout
+        a = _atom_index(a, lay.num_atoms)
         r0, b0 = int(lay.row_offsets[a]), int(lay.border_offsets[a])
         return (self.delta_t[r0:r0 + int(lay.n_rows[a])],
                 self.delta_beta[b0:b0 + int(lay.k_dims[a])])
@@ -304,8 +347,19 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
 
     Status 1 atoms retry with ``ridge_t + bump``, status 2 atoms with ``ridge_beta + bump``;
     a retry can fail again (e.g. a row fixed by a minimal bump leaves an indefinite Schur
-    complement), so this repeats up to ``max_rounds`` times. Status 3 (non-finite input)
-    is not retried. Host-side (eager): which atoms failed decides the sub-batch shapes.
+    complement), so this repeats up to ``max_rounds`` times. Status 3 (non-finite input or
+    intermediate) is not retried, nor is an atom whose bump is not finite (its ridge would
+    be): it keeps its failed status. Host-side (eager): which atoms failed decides the
+    sub-batch shapes.
+
+    The bump is the minimal one of spec B.5: it leaves a failing row block barely positive
+    definite (smallest eigenvalue a few ``u`` times its scale), so that row's whitened
+    cross terms ``Y_i`` grow like ``u^{-1/2}`` and the next round's Schur bump raises
+    ``ridge_beta`` by ~1e13-1e14 in float64 (2e13 to 3e14 for the tests' ``-I`` and
+    ``-2 I`` rows). The retried system is then numerically singular (condition ~1e29)
+    and its largest row step ~1e15. To avoid this, re-solve such atoms yourself with a
+    larger ridge than the bump, e.g. ``ridge_t + 2 * bump`` (those rows then solve with
+    ``ridge_beta = 0``), or with a ridge on the problem's own scale.
 
     Args:
         batch: the batch that was solved.
@@ -318,7 +372,15 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     Returns:
         ``(solution, ridge_t (b,), ridge_beta (b,))``: the merged solution (untouched
         atoms keep their results bit for bit) and the per-atom ridges finally used.
+
+    Raises:
+        ValueError: ``solution`` is not of ``batch`` (another layout), or bad ridges as in
+            :func:`solve_batched_border`.
     """
+    if solution.layout != batch.layout:
+        raise ValueError(f"solution is not a solution of batch: their layouts (d and every "
+                         f"atom's n_a, k_a) differ, solution: {solution.layout}, batch: "
+                         f"{batch.layout}")
     dtype = solution.log_det.dtype
     b = batch.num_atoms
     rt = np.array(_atom_ridges("ridge_t", ridge_t, b, dtype))
@@ -326,10 +388,12 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     lay = batch.layout
     for _ in range(max_rounds):
         status = np.asarray(solution.status)
-        failed = np.flatnonzero((status == STATUS_ROW_NOT_PD) | (status == STATUS_SCHUR_NOT_PD))
+        bump = np.asarray(solution.bump)
+        failed = np.flatnonzero(((status == STATUS_ROW_NOT_PD) | (status == STATUS_SCHUR_NOT_PD))
+                                & np.isfinite(bump))
         if failed.size == 0:
             break
-        bump = np.asarray(solution.bump)[failed]
+        bump = bump[failed]
         rt[failed] += np.where(status[failed] == STATUS_ROW_NOT_PD, bump, 0.0)
         rb[failed] += np.where(status[failed] == STATUS_SCHUR_NOT_PD, bump, 0.0)
         sub = solve_batched_border(batch.subset(failed), rt[failed], rb[failed], backend=backend)

@@ -8,11 +8,15 @@ import numpy as np
 import pytest
 
 import gpustat
-from gpustat.border import BorderBatch, BorderSolution, solve_batched_border
+from gpustat.border import BorderBatch, BorderSolution, retry_failed, solve_batched_border
 from gpustat.border_layout import BorderLayout
-from tests.helpers import assert_close
+from tests.helpers import KERNEL_BACKENDS, assert_close
 from tests.oracles.border_dense import assert_matches_dense
-from tests.oracles.border_golden import GOLDEN_RIDGE, golden_d2_atoms
+from tests.oracles.border_fixtures import random_batch, random_pd_atom
+from tests.oracles.border_golden import GOLDEN_RIDGE, failing_d2_atoms, golden_d2_atoms
+
+#: Every backend: the reference, the kernel in interpret mode and compiled (gpu marker).
+BACKENDS = [pytest.param("reference", id="reference"), *KERNEL_BACKENDS]
 
 
 def lists(atoms):
@@ -146,3 +150,96 @@ def test_backend_errors(batch):
 def test_empty_atoms_list_gives_empty_result():
     sol = solve_batched_border(BorderBatch.from_atoms([], [], [], [], []), 0.0, 0.0)
     assert sol.delta_t.shape == (0, 1) and sol.status.shape == (0,)
+
+
+@pytest.mark.parametrize("d, match", [
+    (2.5, "d=2.5"), (0, "d=0"), (-1, "d=-1"), (True, "d=True"), ("2", "d='2'")])
+def test_from_atoms_rejects_a_bad_d(atoms, d, match):
+    for columns in (lists(atoms), [[], [], [], [], []]):
+        with pytest.raises(ValueError, match=f"d must be an integer >= 1, got {match}"):
+            BorderBatch.from_atoms(*columns, d=d)
+    assert BorderBatch.from_atoms([], [], [], [], [], d=np.int64(3)).layout.d == 3
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.zeros((3, 0, 0)), r"H_tt\[0\]: the row dimension d must be >= 1"),
+    (np.zeros((5, 2)), r"H_tt\[0\]: expected \(n_a, d, d\), got 2-D"),
+    (np.zeros((5, 2, 3)), r"H_tt\[0\]: expected \(n_a, d, d\), got 3-D"),
+])
+def test_from_atoms_rejects_a_bad_first_row_block(atoms, value, match):
+    with pytest.raises(ValueError, match=match):
+        BorderBatch.from_atoms(*_bad(atoms, 0, 0, value))
+
+
+def test_atom_indices_count_from_the_end_and_are_range_checked(atoms, batch):
+    sol = solve_batched_border(batch, GOLDEN_RIDGE, GOLDEN_RIDGE, backend="reference")
+    for got, want in zip(batch.atom(-1), atoms[2], strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(sol.atom(-3), sol.atom(0), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for a in (3, -4):
+        with pytest.raises(IndexError, match=f"atom index {a} out of range for 3 atoms"):
+            batch.atom(a)
+        with pytest.raises(IndexError, match=f"atom index {a} out of range for 3 atoms"):
+            sol.atom(a)
+    with pytest.raises(TypeError):
+        sol.atom(1.0)
+
+
+def test_retry_failed_rejects_a_solution_of_another_batch(batch):
+    failing = BorderBatch.from_atoms(*lists(failing_d2_atoms()))
+    other = BorderBatch.from_atoms(*lists(golden_d2_atoms()[::-1]))
+    sol = solve_batched_border(failing, 0.0, 0.0, backend="reference")
+    for wrong in (batch.subset([0, 1]), other):
+        with pytest.raises(ValueError, match="solution is not a solution of batch"):
+            retry_failed(wrong, sol, 0.0, 0.0, backend="reference")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sizes", [[(4, 0)], [(0, 3)], [(3, 0), (5, 0)], [(0, 0)],
+                                   [(0, 3), (2, 0)], [(0, 2), (0, 3)]])
+def test_empty_packed_arrays_match_dense(backend, sizes):
+    """Batches with an empty packed array: H_tb (every n_a k_a = 0), H_bb and g_b (every
+    k_a = 0: the rows alone), H_tt and g_t (every n_a = 0: the borders alone)."""
+    atoms = random_batch(8, sizes, 2)
+    batch = BorderBatch.from_atoms(*lists(atoms))
+    assert batch.H_tb.size == 0
+    sol = solve_batched_border(batch, 0.1, 0.2, backend=backend)
+    np.testing.assert_array_equal(sol.status, 0)
+    assert_matches_dense(atoms, sol, 0.1, 0.2)
+
+
+def overflow_atoms():
+    """Finite float64 atoms (d = 2): Y^T Y overflows (H_tb = 1e200: S0 = -inf, its Gershgorin
+    bump NaN), Y^T u overflows (g_t = 1e300: r = inf, S0 finite), a row -1e308 I (status 1
+    with an infinite bump: its Gershgorin bound overflows), a row -I (status 1, finite
+    bump), a clean atom."""
+    rng = np.random.default_rng(4)
+    atoms = [list(random_pd_atom(rng, 3, 2, 2)) for _ in range(5)]
+    atoms[0][1] = np.full((3, 2, 2), 1e200)
+    atoms[1][1] = np.full((3, 2, 2), 1e10)
+    atoms[1][2] = np.full((3, 2), 1e300)
+    atoms[2][0][1] = -1e308 * np.eye(2)
+    atoms[3][0][1] = -np.eye(2)
+    return [tuple(atom) for atom in atoms]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_is_nonfinite_and_retry_skips_nonfinite_bumps(backend):
+    """Status 3 when S0 or r overflows from finite inputs (the dense oracle factors the
+    assembled matrix and has no such status); the retry leaves those atoms and the one
+    with an infinite bump failed at their ridges, and fixes the -I row."""
+    atoms = overflow_atoms()
+    batch = BorderBatch.from_atoms(*lists(atoms))
+    sol = solve_batched_border(batch, 0.0, 0.0, backend=backend)
+    np.testing.assert_array_equal(sol.status, [3, 3, 1, 1, 0])
+    np.testing.assert_array_equal(sol.row, [-1, -1, 1, 1, -1])
+    bump = np.asarray(sol.bump)
+    assert bump[0] == bump[1] == 0 and np.isposinf(bump[2]) and 1 < bump[3] < 1 + 1e-12
+    assert np.all(np.isnan(np.asarray(sol.log_det)[:4]))
+    assert_matches_dense(atoms, sol, 0.0, 0.0, only=[2, 3, 4])
+    fixed, ridge_t, ridge_beta = retry_failed(batch, sol, 0.0, 0.0, backend=backend)
+    np.testing.assert_array_equal(fixed.status, [3, 3, 1, 0, 0])
+    np.testing.assert_array_equal(np.asarray(ridge_t)[[0, 1, 2, 4]], 0.0)
+    np.testing.assert_array_equal(np.asarray(ridge_beta)[[0, 1, 2, 4]], 0.0)
+    assert_matches_dense(atoms, fixed, ridge_t, ridge_beta, only=[2, 3, 4])

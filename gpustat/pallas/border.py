@@ -55,6 +55,8 @@ from gpustat.reference.border import (
     STATUS_SCHUR_NOT_PD,
     gershgorin_bounds,
     gershgorin_ridge_bump,
+    nonempty,
+    schur_overflow,
 )
 
 __all__ = ["MAX_KERNEL_D", "KernelConfig", "plan_buckets", "solve_border_pallas"]
@@ -454,18 +456,24 @@ def _schur_solve(S0, rhs, k, ridge_beta, row_log_det, first_bad, row_bump, probe
     the Cholesky diagonal (only that atom's)."""
     real = jnp.arange(S0.shape[-1])[None, :] < k[:, None]
     unit_roundoff = float(jnp.finfo(S0.dtype).eps) / 2
-    schur_bump = gershgorin_ridge_bump(*jax.vmap(gershgorin_bounds)(S0, real), ridge_beta,
-                                       k.astype(S0.dtype), unit_roundoff)
+    schur_bounds = jax.vmap(gershgorin_bounds)(S0, real)
+    schur_bump = gershgorin_ridge_bump(*schur_bounds, ridge_beta, k.astype(S0.dtype),
+                                       unit_roundoff)
     S = S0 + jnp.where(real, ridge_beta[:, None], 1.0)[:, :, None] * jnp.eye(S0.shape[-1],
                                                                              dtype=S0.dtype)
     solve = _unrolled_cholesky_solve if unrolled else _batched_cholesky_solve
     delta_beta, diag = solve(S, rhs)
     schur_bad = jnp.any(real & ~(diag > 0), axis=-1)
     log_det = row_log_det + 2 * jnp.sum(jnp.where(real, jnp.log(diag), 0.0), axis=-1)
-    # probe is NaN exactly when some input entry the solve reads is not finite.
+    # probe is NaN exactly when some input entry the solve reads is not finite. A failing
+    # row makes Y NaN, so S0 and r (overflow from finite inputs) count only after the rows;
+    # S0 through the Gershgorin radius already reduced for the bump (no second pass).
     status = jnp.where(~(probe == 0), STATUS_NONFINITE,
                        jnp.where(first_bad < _NO_ROW, STATUS_ROW_NOT_PD,
-                                 jnp.where(schur_bad, STATUS_SCHUR_NOT_PD, STATUS_OK)))
+                                 jnp.where(schur_overflow(schur_bounds[2], rhs, real),
+                                           STATUS_NONFINITE,
+                                           jnp.where(schur_bad, STATUS_SCHUR_NOT_PD,
+                                                     STATUS_OK))))
     status = status.astype(jnp.int32)
     failed = status != STATUS_OK
     row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1).astype(jnp.int32)
@@ -534,7 +542,10 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     """
     dtype = compute_dtype(H_tt.dtype)
     d = layout.d
-    arrays = tuple(jnp.asarray(x, dtype).reshape(-1) for x in (H_tt, H_tb, g_t, H_bb, g_b))
+    # Masked loads aim at slot 0, so an empty packed array becomes one zero slot (only then:
+    # the shapes are static, and a non-empty array is passed as it is, without a copy).
+    arrays = tuple(nonempty(jnp.asarray(x, dtype).reshape(-1))
+                   for x in (H_tt, H_tb, g_t, H_bb, g_b))
     ridge_t = jnp.asarray(ridge_t, dtype)
     ridge_beta = jnp.asarray(ridge_beta, dtype)
     # In interpret mode every kernel output has one spare trailing slot for masked lanes

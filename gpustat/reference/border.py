@@ -15,9 +15,12 @@ are identity blocks and padded border entries identity, so they change nothing.
 Only the lower triangles of ``H_tt`` and ``H_bb`` are read (they are symmetric).
 Per-atom ``status``: 0 ok, 1 a row block not positive definite (``row`` = first such
 atom-local row, ``bump`` = Gershgorin ridge bump for ``ridge_t``), 2 the Schur
-complement not positive definite (``bump`` for ``ridge_beta``), 3 non-finite input.
-A pivot fails when ``not (pivot > 0)``, which also catches NaN. Failed atoms get NaN
-``delta_t``, ``delta_beta`` and ``log_det``; other atoms are untouched.
+complement not positive definite (``bump`` for ``ridge_beta``), 3 non-finite input or
+intermediate: an input entry, or (finite inputs, positive definite rows) an entry of
+``S0 = H_bb - sum_i Y_i^T Y_i`` or of ``r``, or a row sum of ``|S0|``, that overflowed
+(``bump`` 0 then). The first that applies, in the order 3 (input), 1, 3 (intermediate),
+2, wins. A pivot fails when ``not (pivot > 0)``, which also catches NaN. Failed atoms get
+NaN ``delta_t``, ``delta_beta`` and ``log_det``; other atoms are untouched.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ __all__ = [
     "accumulation_growth",
     "gershgorin_bounds",
     "gershgorin_ridge_bump",
+    "nonempty",
+    "schur_overflow",
     "solve_border_reference",
     "symmetric_from_lower",
 ]
@@ -85,10 +90,27 @@ def gershgorin_bounds(a, valid):
     return gap, scale, radius
 
 
+def schur_overflow(radius, r, valid):
+    """Whether ``S0`` or ``r`` came out non-finite: ``radius`` (of :func:`gershgorin_bounds`,
+    the largest absolute row sum of ``S0``'s valid block, non-finite when one of its
+    entries is or the sum overflows) or a ``valid`` entry of ``r`` ``(..., m)``."""
+    return ~(jnp.isfinite(radius) & jnp.all(jnp.isfinite(jnp.where(valid, r, 0.0)), axis=-1))
+
+
 def symmetric_from_lower(a):
     """The symmetric matrix whose lower triangle is that of ``a`` ``(..., m, m)``."""
     lower = jnp.tril(a)
     return lower + jnp.swapaxes(jnp.tril(a, -1), -1, -2)
+
+
+def nonempty(x):
+    """``x``, or one zero entry ``(1, *x.shape[1:])`` when ``x`` is empty (a static shape).
+
+    A packed array is empty when no atom has entries in it: ``H_tt`` and ``g_t`` when every
+    ``n_a = 0``, ``H_bb`` and ``g_b`` when every ``k_a = 0``, ``H_tb`` when every
+    ``n_a k_a = 0``. A gather needs an in-range slot even when every index is padding,
+    which the solve masks, so the substitute's value never matters."""
+    return x if x.size else jnp.zeros((1, *x.shape[1:]), x.dtype)
 
 
 def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
@@ -139,12 +161,17 @@ def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
     log_det = 2.0 * (jnp.sum(jnp.log(jnp.diagonal(L, axis1=1, axis2=2)))
                      + jnp.sum(jnp.log(jnp.diagonal(L_S))))
 
+    # A failing row makes Y NaN, so S0 and r are checked only after the rows.
+    schur_bounds = gershgorin_bounds(S0, col_ok)
     status = jnp.where(~finite, STATUS_NONFINITE,
                        jnp.where(jnp.any(row_bad), STATUS_ROW_NOT_PD,
-                                 jnp.where(schur_bad, STATUS_SCHUR_NOT_PD, STATUS_OK)))
+                                 jnp.where(schur_overflow(schur_bounds[2], r, col_ok),
+                                           STATUS_NONFINITE,
+                                           jnp.where(schur_bad, STATUS_SCHUR_NOT_PD,
+                                                     STATUS_OK))))
     row_bump = gershgorin_ridge_bump(*gershgorin_bounds(A_rows[first_bad], jnp.ones(d, bool)),
                                      ridge_t, d, u)
-    schur_bump = gershgorin_ridge_bump(*gershgorin_bounds(S0, col_ok), ridge_beta, k, u)
+    schur_bump = gershgorin_ridge_bump(*schur_bounds, ridge_beta, k, u)
     bump = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
                      jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
     row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1)
@@ -215,7 +242,8 @@ def solve_border_reference(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, rid
     for n_pad, k_pad in sorted(set(zip(n_pad_all.tolist(), k_pad_all.tolist()))):
         atoms = np.flatnonzero((n_pad_all == n_pad) & (k_pad_all == k_pad))
         rows, cross, hbb, border = _bucket_indices(layout, atoms, n_pad, k_pad)
-        take = lambda x, idx: jnp.take(x, idx, axis=0, mode="fill", fill_value=0)  # noqa: E731
+        take = lambda x, idx: jnp.take(nonempty(x), idx, axis=0, mode="fill",  # noqa: E731
+                                       fill_value=0)
         out = jax.vmap(_solve_atom)(
             take(H_tt, rows), take(H_tb, cross), take(g_t, rows), take(H_bb, hbb),
             take(g_b, border), layout.n_rows[atoms], layout.k_dims[atoms],
