@@ -456,9 +456,8 @@ def _schur_solve(S0, rhs, k, ridge_beta, row_log_det, first_bad, row_bump, probe
     the Cholesky diagonal (only that atom's)."""
     real = jnp.arange(S0.shape[-1])[None, :] < k[:, None]
     unit_roundoff = float(jnp.finfo(S0.dtype).eps) / 2
-    schur_bounds = jax.vmap(gershgorin_bounds)(S0, real)
-    schur_bump = gershgorin_ridge_bump(*schur_bounds, ridge_beta, k.astype(S0.dtype),
-                                       unit_roundoff)
+    schur_bump = gershgorin_ridge_bump(*jax.vmap(gershgorin_bounds)(S0, real), ridge_beta,
+                                       k.astype(S0.dtype), unit_roundoff)
     S = S0 + jnp.where(real, ridge_beta[:, None], 1.0)[:, :, None] * jnp.eye(S0.shape[-1],
                                                                              dtype=S0.dtype)
     solve = _unrolled_cholesky_solve if unrolled else _batched_cholesky_solve
@@ -467,10 +466,10 @@ def _schur_solve(S0, rhs, k, ridge_beta, row_log_det, first_bad, row_bump, probe
     log_det = row_log_det + 2 * jnp.sum(jnp.where(real, jnp.log(diag), 0.0), axis=-1)
     # probe is NaN exactly when some input entry the solve reads is not finite. A failing
     # row makes Y NaN, so S0 and r (overflow from finite inputs) count only after the rows;
-    # S0 through the Gershgorin radius already reduced for the bump (no second pass).
+    # S0 through its bump, already reduced (no second pass over the complements).
     status = jnp.where(~(probe == 0), STATUS_NONFINITE,
                        jnp.where(first_bad < _NO_ROW, STATUS_ROW_NOT_PD,
-                                 jnp.where(schur_overflow(schur_bounds[2], rhs, real),
+                                 jnp.where(schur_overflow(schur_bump, rhs, real),
                                            STATUS_NONFINITE,
                                            jnp.where(schur_bad, STATUS_SCHUR_NOT_PD,
                                                      STATUS_OK))))

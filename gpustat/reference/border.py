@@ -90,11 +90,11 @@ def gershgorin_bounds(a, valid):
     return gap, scale, radius
 
 
-def schur_overflow(radius, r, valid):
-    """Whether ``S0`` or ``r`` came out non-finite: ``radius`` (of :func:`gershgorin_bounds`,
-    the largest absolute row sum of ``S0``'s valid block, non-finite when one of its
-    entries is or the sum overflows) or a ``valid`` entry of ``r`` ``(..., m)``."""
-    return ~(jnp.isfinite(radius) & jnp.all(jnp.isfinite(jnp.where(valid, r, 0.0)), axis=-1))
+def schur_overflow(schur_bump, r, valid):
+    """Whether ``S0`` or ``r`` came out non-finite: ``schur_bump`` (of
+    :func:`gershgorin_ridge_bump` over ``S0``'s bounds, non-finite when an entry of its valid
+    block is or a row sum overflows) or a ``valid`` entry of ``r`` ``(..., m)``."""
+    return ~(jnp.isfinite(schur_bump) & jnp.all(jnp.isfinite(jnp.where(valid, r, 0.0)), axis=-1))
 
 
 def symmetric_from_lower(a):
@@ -162,16 +162,15 @@ def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):
                      + jnp.sum(jnp.log(jnp.diagonal(L_S))))
 
     # A failing row makes Y NaN, so S0 and r are checked only after the rows.
-    schur_bounds = gershgorin_bounds(S0, col_ok)
+    schur_bump = gershgorin_ridge_bump(*gershgorin_bounds(S0, col_ok), ridge_beta, k, u)
     status = jnp.where(~finite, STATUS_NONFINITE,
                        jnp.where(jnp.any(row_bad), STATUS_ROW_NOT_PD,
-                                 jnp.where(schur_overflow(schur_bounds[2], r, col_ok),
+                                 jnp.where(schur_overflow(schur_bump, r, col_ok),
                                            STATUS_NONFINITE,
                                            jnp.where(schur_bad, STATUS_SCHUR_NOT_PD,
                                                      STATUS_OK))))
     row_bump = gershgorin_ridge_bump(*gershgorin_bounds(A_rows[first_bad], jnp.ones(d, bool)),
                                      ridge_t, d, u)
-    schur_bump = gershgorin_ridge_bump(*schur_bounds, ridge_beta, k, u)
     bump = jnp.where(status == STATUS_ROW_NOT_PD, row_bump,
                      jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
     row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1)
