@@ -386,6 +386,10 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     rt = np.array(_atom_ridges("ridge_t", ridge_t, b, dtype))
     rb = np.array(_atom_ridges("ridge_beta", ridge_beta, b, dtype))
     lay = batch.layout
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int | np.integer) or (
+            max_rounds < 0):
+        raise ValueError(f"retry_failed: max_rounds must be an integer >= 0, got "
+                         f"{max_rounds=!r}")
     for _ in range(max_rounds):
         status = np.asarray(solution.status)
         bump = np.asarray(solution.bump)

@@ -46,8 +46,16 @@ class BorderLayout:
     k_dims: np.ndarray
 
     def __post_init__(self):
+        if isinstance(self.d, bool) or not isinstance(self.d, int | np.integer) or self.d < 1:
+            raise ValueError(f"BorderLayout: d must be an integer >= 1, got d={self.d!r}")
+        object.__setattr__(self, "d", int(self.d))
         object.__setattr__(self, "n_rows", np.asarray(self.n_rows, dtype=np.int64))
         object.__setattr__(self, "k_dims", np.asarray(self.k_dims, dtype=np.int64))
+        if self.n_rows.ndim != 1 or self.n_rows.shape != self.k_dims.shape:
+            raise ValueError(f"BorderLayout: n_rows and k_dims must be (b,) arrays of one "
+                             f"length, got {self.n_rows.shape} and {self.k_dims.shape}")
+        if self.n_rows.size and min(self.n_rows.min(), self.k_dims.min()) < 0:
+            raise ValueError("BorderLayout: n_rows and k_dims must be >= 0")
         self.n_rows.setflags(write=False)
         self.k_dims.setflags(write=False)
 

@@ -243,3 +243,18 @@ def test_overflow_is_nonfinite_and_retry_skips_nonfinite_bumps(backend):
     np.testing.assert_array_equal(np.asarray(ridge_t)[[0, 1, 2, 4]], 0.0)
     np.testing.assert_array_equal(np.asarray(ridge_beta)[[0, 1, 2, 4]], 0.0)
     assert_matches_dense(atoms, fixed, ridge_t, ridge_beta, only=[2, 3, 4])
+
+
+def test_layouts_and_retry_rounds_are_checked():
+    with pytest.raises(ValueError, match="d must be an integer >= 1"):
+        BorderLayout(0, [3], [2])
+    with pytest.raises(ValueError, match="one length"):
+        BorderLayout(2, [3, 4], [2])
+    with pytest.raises(ValueError, match=">= 0"):
+        BorderLayout(2, [3, -1], [2, 2])
+    assert BorderLayout(np.int64(2), [3], [2]) == BorderLayout(2, [3], [2])
+    batch = BorderBatch.from_atoms(*lists([(np.eye(2)[None], np.ones((1, 2, 1)), np.ones((1, 2)),
+                                            np.eye(1), np.ones(1))]))
+    sol = solve_batched_border(batch, 1e-6, 1e-6, backend="reference")
+    with pytest.raises(ValueError, match="max_rounds must be an integer >= 0"):
+        retry_failed(batch, sol, 1e-6, 1e-6, max_rounds=-1)
