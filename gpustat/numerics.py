@@ -89,7 +89,11 @@ def _public(name: str, derivative: Callable) -> Callable:
     def _jvp(backend, primals, tangents):
         (x,), (dx,) = primals, tangents
         y = op(x, backend)
-        return y, derivative(x, y) * dx
+        # The derivative in the compute dtype, as the value: 16-bit x overflows the
+        # rational approximations, and a 16-bit y is too coarse for the formulas.
+        cdt = compute_dtype(x.dtype)
+        y_c = y if x.dtype == cdt else _run(name, x.astype(cdt), backend)
+        return y, (derivative(x.astype(cdt), y_c) * dx.astype(cdt)).astype(x.dtype)
 
     def public(x: Float[ArrayLike, "*shape"], *, backend: str = "auto") -> Float[Array, "*shape"]:
         return op(_as_float(x, name), backend)

@@ -206,3 +206,15 @@ def test_host_builder_refuses_tracers_and_ops_vmap():
     stacked = jnp.stack([hess, 2 * hess])
     diag = jax.vmap(lambda h: bms.joint_diagonal(h, x, g, backend="reference"))(stacked)
     assert_close(diag[1], 2 * np.diag(tables.dense_joint_loops(hess, x, g)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_empty_batches(backend):
+    """No cells or rows: empty moments, and zero joint sums (as the reference's)."""
+    moments, status = bms.cell_moments(jnp.zeros(0), jnp.zeros(0), jnp.zeros((0, 4)),
+                                       backend=backend)
+    assert moments.shape[0] == 0 and status.shape == (0,)
+    hess, x, g = jnp.zeros((0, 3, 3)), jnp.zeros((0, 2)), jnp.zeros((0, 1))
+    np.testing.assert_array_equal(bms.joint_hvp(hess, x, g, jnp.ones(4), backend=backend), 0)
+    np.testing.assert_array_equal(bms.joint_dense(hess, x, g, backend=backend), np.zeros((4, 4)))
+    np.testing.assert_array_equal(bms.joint_diagonal(hess, x, g, backend=backend), np.zeros(4))

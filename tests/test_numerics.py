@@ -62,7 +62,8 @@ def test_custom_jvp_matches_finite_differences(op):
 def test_deep_tail_derivatives_against_mpmath():
     x = np.array([-1e3, -45.0, -9.0, 9.0])
     dlog = jax.vmap(jax.grad(numerics.log_ndtr))(jnp.asarray(x))
-    expected = [float(mp.npdf(v) / mp.ncdf(v)) for v in x]
+    with mp.workdps(40):  # its own precision (another module's global setting need not run first)
+        expected = [float(mp.npdf(v) / mp.ncdf(v)) for v in x]
     np.testing.assert_allclose(np.asarray(dlog), expected, rtol=1e-14)
 
 
@@ -88,3 +89,25 @@ def test_unknown_backend_raises():
 def test_pallas_without_gpu_raises_clearly():
     with pytest.raises(gpustat.BackendUnavailableError, match="needs a CUDA GPU"):
         numerics.erfc(jnp.ones(2), backend="pallas")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("op", ["log_ndtr", "probit_curvature", "erfcx"])
+def test_16_bit_derivatives_are_the_float32_ones_rounded(op, dtype):
+    """16-bit x computes in float32: its derivative too (it overflowed or cancelled)."""
+    x = jnp.array([-8.0, -5.0, -3.0, -1.0, 0.5, 2.0])
+    fn = getattr(numerics, op)
+    want = jax.vmap(jax.grad(fn))(x)  # float32
+    got = jax.vmap(jax.grad(fn))(x.astype(dtype))
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got, np.float64),  # out of range: +-inf alike
+                               np.asarray(want.astype(dtype), np.float64),
+                               rtol=float(jnp.finfo(dtype).eps))
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_empty_input_keeps_its_shape(backend):
+    for shape in [(0,), (3, 0, 2)]:
+        assert numerics.ndtr(jnp.zeros(shape), backend=backend).shape == shape
+        pair = numerics.log_ndtr_and_mills(jnp.zeros(shape), backend=backend)
+        assert [p.shape for p in pair] == [shape, shape]

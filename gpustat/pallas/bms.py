@@ -197,6 +197,8 @@ def cell_moments(lo, hi, c, *, order: int = 9, interpret: bool = False, block_ce
     """Kernel twin of :func:`gpustat.reference.bms.cell_moments`."""
     dtype = compute_dtype(c.dtype)
     n_cells = c.shape[0]
+    if n_cells == 0:  # no program to launch
+        return [jnp.zeros((0, order + 1), dtype), jnp.zeros((0,), jnp.int32)]
     nodes, weights = gauss_legendre()
     kernel = functools.partial(_cell_moments_kernel, n_cells=n_cells, order=order,
                                block_cells=block_cells)
@@ -341,6 +343,9 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
     """
     dtype = compute_dtype(mu_1.dtype)
     n, r = rho.shape
+    if n == 0:  # no program to launch
+        return (jnp.zeros((0,), dtype), jnp.zeros((0, r), dtype), jnp.zeros((0, r, r), dtype),
+                jnp.zeros((0,), jnp.int32))
     if num_warps is None:
         num_warps = 2 if _dot_width(r) <= 32 else 4
     c, m = cell_c.astype(dtype), cell_moments.astype(dtype)
@@ -436,6 +441,14 @@ def _joint_hvp_kernel(hess_ref, x_ref, g_ref, vmt_ref, vgt_ref, vrt_ref,
     ph_ref[pid, :] = jnp.sum(acc_h, axis=0)
 
 
+def _nonempty_rows(hess, x, g):
+    """(hess, x, g), with one zero row when there are none: masked loads aim at row 0, and
+    a zero row adds nothing to the joint sums (only then: the shapes are static)."""
+    if hess.shape[0]:
+        return hess, x, g
+    return tuple(jnp.zeros((1, *a.shape[1:]), a.dtype) for a in (hess, x, g))
+
+
 def _grid(n, block_rows, target_programs):
     """(programs, steps): each program streams ``steps`` blocks of ``block_rows`` rows."""
     blocks = pl.cdiv(n, block_rows)
@@ -467,6 +480,7 @@ def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 16,
     Defaults: the fastest of the configurations swept on an H100 (132 SMs) at n = 195k,
     r = 20 (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl): 0.344 ms = 71% of copy.
     """
+    hess, x, g = _nonempty_rows(hess, x, g)
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
@@ -533,6 +547,7 @@ def _joint_diagonal_kernel(hess_ref, x_ref, g_ref, px_ref, pg_ref, pr_ref, *, n,
 def joint_diagonal(hess, x, g, *, interpret: bool = False, block_rows: int = 16,
                    num_warps: int = 4, target_programs: int = 1024):
     """Kernel twin of :func:`gpustat.reference.bms.joint_diagonal`."""
+    hess, x, g = _nonempty_rows(hess, x, g)
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
@@ -593,6 +608,7 @@ def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 16, nu
 
     Defaults: the fastest configuration of the H100 sweep at n = 195k, r = 20 (0.42 ms).
     """
+    hess, x, g = _nonempty_rows(hess, x, g)
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]

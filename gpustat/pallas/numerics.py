@@ -53,6 +53,9 @@ def elementwise(x: jax.Array, *, fn: Callable, num_outputs: int = 1, interpret: 
     dtype = compute_dtype(x.dtype)
     flat = x.reshape(-1).astype(dtype)
     size = flat.shape[0]
+    if size == 0:  # nothing to launch (a grid of one program would read out of bounds)
+        empty = tuple(jnp.zeros(x.shape, x.dtype) for _ in range(num_outputs))
+        return empty if num_outputs > 1 else empty[0]
     block = _BLOCK[dtype]
     out_shape = tuple(jax.ShapeDtypeStruct((size,), dtype) for _ in range(num_outputs))
     outs = pallas_call(
