@@ -118,7 +118,7 @@ erfc.__doc__ = """Complementary error function ``erfc(x) = 1 - erf(x)``.
         Array of ``x``'s shape and (floating) dtype, in [0, 2].
     """
 
-erfcx = _public("erfcx", lambda x, y: 2.0 * x * y - _TWO_OVER_SQRT_PI)
+erfcx = _public("erfcx", _ref.erfcx_derivative)
 erfcx.__doc__ = """Scaled complementary error function ``exp(x^2) erfc(x)``.
 
     Finite and about ``1/(x√π)`` for large positive x (no overflow); for negative x

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 __all__ = [
     "erfc",
     "erfcx",
+    "erfcx_derivative",
     "log_ndtr",
     "log_ndtr_and_mills",
     "ndtr",
@@ -142,6 +143,21 @@ def erfcx(x):
     yn = jnp.where(x < 0, y, 0.0)
     neg = 2.0 * _exp_scaled_sq(yn, 1.0) - pos
     return jnp.where(x < 0, neg, pos)
+
+
+def erfcx_derivative(x, value):
+    """d/dx erfcx(x) = 2 x erfcx(x) - 2/√π, given ``value`` = erfcx(x).
+
+    In the tail (x > 4) the two terms cancel to about -1/(√π x^2): there it is taken from
+    the tail's rational part instead, erfcx(x) - 1/(x√π) = -z P(z) / (Q(z) x) with
+    z = 1/x^2, so the derivative is -2 z P(z) / Q(z) (0 at +inf).
+    """
+    tail = x > _MEDIUM
+    xt = jnp.where(tail, x, 1.0)
+    z = 1.0 / (xt * xt)
+    far = -2.0 * z * _poly(_TAIL_P, z) / _poly(_TAIL_Q, z)
+    near = 2.0 * jnp.where(tail, 0.0, x) * value - 2.0 * _INV_SQRT_PI
+    return jnp.where(tail, far, near)
 
 
 def _ndtr_upper(t):
