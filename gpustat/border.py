@@ -28,6 +28,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from gpustat._backend import resolve_backend
+from gpustat._checks import check_int
 from gpustat.border_layout import MAX_BORDER, BorderLayout
 from gpustat.pallas._common import compute_dtype
 from gpustat.reference.border import (
@@ -60,13 +61,6 @@ def _check_real(name: str, x) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
     return x
-
-
-def _check_row_dim(d) -> int:
-    """The ``d`` argument of :meth:`BorderBatch.from_atoms`: an integer >= 1."""
-    if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
-        raise ValueError(f"from_atoms: d must be an integer >= 1, got {d=!r}")
-    return int(d)
 
 
 def _atom_index(a, b: int) -> int:
@@ -129,7 +123,7 @@ class BorderBatch:
             TypeError: complex or boolean arrays.
         """
         if d is not None:
-            d = _check_row_dim(d)
+            d = check_int(d, "d", 1)
         lists = {"H_tt": H_tt, "H_tb": H_tb, "g_t": g_t, "H_bb": H_bb, "g_b": g_b}
         lengths = {name: len(v) for name, v in lists.items()}
         if len(set(lengths.values())) != 1:
@@ -386,11 +380,7 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     rt = np.array(_atom_ridges("ridge_t", ridge_t, b, dtype))
     rb = np.array(_atom_ridges("ridge_beta", ridge_beta, b, dtype))
     lay = batch.layout
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int | np.integer) or (
-            max_rounds < 0):
-        raise ValueError(f"retry_failed: max_rounds must be an integer >= 0, got "
-                         f"{max_rounds=!r}")
-    for _ in range(max_rounds):
+    for _ in range(check_int(max_rounds, "max_rounds", 0)):
         status = np.asarray(solution.status)
         bump = np.asarray(solution.bump)
         failed = np.flatnonzero(((status == STATUS_ROW_NOT_PD) | (status == STATUS_SCHUR_NOT_PD))

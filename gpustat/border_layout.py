@@ -23,6 +23,8 @@ import hashlib
 
 import numpy as np
 
+from gpustat._checks import check_int
+
 __all__ = ["MAX_BORDER", "BorderLayout"]
 
 #: Largest border width k_a a batch may carry (the fused-kernel bound of the spec).
@@ -46,9 +48,7 @@ class BorderLayout:
     k_dims: np.ndarray
 
     def __post_init__(self):
-        if isinstance(self.d, bool) or not isinstance(self.d, int | np.integer) or self.d < 1:
-            raise ValueError(f"BorderLayout: d must be an integer >= 1, got d={self.d!r}")
-        object.__setattr__(self, "d", int(self.d))
+        object.__setattr__(self, "d", check_int(self.d, "d", 1))
         object.__setattr__(self, "n_rows", np.asarray(self.n_rows, dtype=np.int64))
         object.__setattr__(self, "k_dims", np.asarray(self.k_dims, dtype=np.int64))
         if self.n_rows.ndim != 1 or self.n_rows.shape != self.k_dims.shape:

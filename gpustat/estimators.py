@@ -50,6 +50,7 @@ from sklearn.utils.validation import (
 )
 
 from gpustat import fm_train
+from gpustat._checks import check_int
 from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 
 __all__ = [
@@ -78,11 +79,6 @@ def _canonical_csr(X) -> sp.csr_matrix:
     return X
 
 
-def _positive_int(value, name, minimum=1):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
-
-
 def _non_negative(value, name):
     if not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {name}={value!r}")
@@ -97,10 +93,10 @@ class _FactorizationMachine(BaseEstimator):
     # ------------------------------------------------------------ validation
 
     def _check_params(self):
-        _positive_int(self.n_factors, "n_factors")
-        _positive_int(self.max_iter, "max_iter")
-        _positive_int(self.batch_size, "batch_size")
-        _positive_int(self.patience, "patience")
+        check_int(self.n_factors, "n_factors", 1)
+        check_int(self.max_iter, "max_iter", 1)
+        check_int(self.batch_size, "batch_size", 1)
+        check_int(self.patience, "patience", 1)
         for name in ("l1_linear", "l1_factors", "l2_linear", "l2_factors", "init_scale",
                      "min_delta", "epsilon", "ftrl_beta"):
             _non_negative(getattr(self, name), name)
@@ -574,7 +570,7 @@ class _FactorizationMachine(BaseEstimator):
             list of ``(i, j, strength)`` sorted by decreasing strength.
         """
         check_is_fitted(self)
-        _positive_int(n_top, "n_top")
+        check_int(n_top, "n_top", 1)
         V = np.asarray(self.V_, np.float64)
         r = np.asarray(self.r_, np.float64) if self._model == "fwfm" else None
         if self._n_outputs > 1:

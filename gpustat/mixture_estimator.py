@@ -13,13 +13,13 @@ scikit-learn lacks.
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpustat._checks import is_int
 from gpustat.mixture_fit import (
     STATUS_OK,
     fit_em,
@@ -43,11 +43,6 @@ _COLLAPSE_MESSAGE = (
     "Fitting the mixture model failed because some components have ill-defined empirical "
     "covariance (for instance caused by singleton or collapsed samples). Try to decrease "
     "the number of components, increase reg_covar, or scale the input data.")
-
-
-def _is_int(value) -> bool:
-    """An integer (Python or numpy), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_finite(values: np.ndarray, name: str) -> None:
@@ -140,14 +135,14 @@ class GaussianMixture:
 
     def _check_settings(self) -> None:
         checks = [
-            (_is_int(self.n_components) and self.n_components >= 1, "n_components",
+            (is_int(self.n_components) and self.n_components >= 1, "n_components",
              "an int >= 1"),
             (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
              f"one of {COVARIANCE_TYPES}"),
             (self.tol >= 0, "tol", ">= 0"),
             (self.reg_covar >= 0, "reg_covar", ">= 0"),
-            (_is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
-            (_is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
+            (is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
+            (is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
             (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
         ]
@@ -383,7 +378,7 @@ class GaussianMixture:
         z standard normal.
         """
         self._check_fitted()
-        if not _is_int(n_samples) or n_samples < 1:
+        if not is_int(n_samples) or n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples=}")
         rng = np.random.RandomState(self.random_state)
         pvals = np.asarray(self.weights_, np.float64)

@@ -13,7 +13,6 @@ fit error (e.g. GELU -> 0 on the left and x on the right), which
 from __future__ import annotations
 
 import functools
-import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
+from gpustat._checks import check_int
 from gpustat.piecewise import PiecewisePolynomial
 from gpustat.piecewise_fit import fit_piecewise
 
@@ -68,11 +68,9 @@ def activation(name: str, num_pieces: int = 256, degree: int = 3,
     """
     if name not in ACTIVATIONS:
         raise ValueError(f"name must be one of {sorted(ACTIVATIONS)}, got {name=!r}")
-    for arg, value in (("num_pieces", num_pieces), ("degree", degree)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise ValueError(f"{arg} must be an int, got {arg}={value!r}")
     # the cached object is shared: PiecewisePolynomial is immutable
-    return _fitted(name, int(num_pieces), int(degree), jnp.dtype(dtype).name)
+    return _fitted(name, check_int(num_pieces, "num_pieces", 1), check_int(degree, "degree", 0),
+                   jnp.dtype(dtype).name)
 
 
 @functools.lru_cache(maxsize=64)

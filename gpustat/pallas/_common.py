@@ -22,6 +22,7 @@ __all__ = [
     "compiler_params",
     "compute_dtype",
     "next_pow2",
+    "nonempty",
     "pad_axis",
     "pallas_call",
     "register_lowering_case",
@@ -48,6 +49,16 @@ def pad_axis(x: jax.Array, axis: int, multiple: int, value=0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, target - size)
     return jnp.pad(x, widths, constant_values=value)
+
+
+def nonempty(x: jax.Array) -> jax.Array:
+    """``x``, or one zero entry ``(1, *x.shape[1:])`` when ``x`` is empty (a static shape).
+
+    Masked loads and gathers need an in-range slot even when every index is padding
+    (e.g. a packed border array no atom has entries in, or no BMS rows); the callers mask
+    it or it adds nothing, so the substitute's value never matters. A non-empty ``x`` is
+    returned as it is (no copy)."""
+    return x if x.size else jnp.zeros((1, *x.shape[1:]), x.dtype)
 
 
 def compiler_params(num_warps: int = 4, num_stages: int = 1) -> plt.CompilerParams:

@@ -36,7 +36,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from gpustat.pallas._common import compute_dtype, next_pow2, pallas_call, register_lowering_case
+from gpustat.pallas._common import (
+    compute_dtype,
+    next_pow2,
+    nonempty,
+    pallas_call,
+    register_lowering_case,
+)
 from gpustat.reference.bms import (
     AFFINE_TOL,
     GL_NODES,
@@ -441,14 +447,6 @@ def _joint_hvp_kernel(hess_ref, x_ref, g_ref, vmt_ref, vgt_ref, vrt_ref,
     ph_ref[pid, :] = jnp.sum(acc_h, axis=0)
 
 
-def _nonempty_rows(hess, x, g):
-    """(hess, x, g), with one zero row when there are none: masked loads aim at row 0, and
-    a zero row adds nothing to the joint sums (only then: the shapes are static)."""
-    if hess.shape[0]:
-        return hess, x, g
-    return tuple(jnp.zeros((1, *a.shape[1:]), a.dtype) for a in (hess, x, g))
-
-
 def _grid(n, block_rows, target_programs):
     """(programs, steps): each program streams ``steps`` blocks of ``block_rows`` rows."""
     blocks = pl.cdiv(n, block_rows)
@@ -480,7 +478,8 @@ def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 16,
     Defaults: the fastest of the configurations swept on an H100 (132 SMs) at n = 195k,
     r = 20 (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl): 0.344 ms = 71% of copy.
     """
-    hess, x, g = _nonempty_rows(hess, x, g)
+    if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
+        hess, x, g = (nonempty(a) for a in (hess, x, g))
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
@@ -547,7 +546,8 @@ def _joint_diagonal_kernel(hess_ref, x_ref, g_ref, px_ref, pg_ref, pr_ref, *, n,
 def joint_diagonal(hess, x, g, *, interpret: bool = False, block_rows: int = 16,
                    num_warps: int = 4, target_programs: int = 1024):
     """Kernel twin of :func:`gpustat.reference.bms.joint_diagonal`."""
-    hess, x, g = _nonempty_rows(hess, x, g)
+    if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
+        hess, x, g = (nonempty(a) for a in (hess, x, g))
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
@@ -608,7 +608,8 @@ def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 16, nu
 
     Defaults: the fastest configuration of the H100 sweep at n = 195k, r = 20 (0.42 ms).
     """
-    hess, x, g = _nonempty_rows(hess, x, g)
+    if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
+        hess, x, g = (nonempty(a) for a in (hess, x, g))
     dtype = compute_dtype(hess.dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]

@@ -47,7 +47,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from gpustat.border_layout import BorderLayout
-from gpustat.pallas._common import compute_dtype, next_pow2, pallas_call, register_lowering_case
+from gpustat.pallas._common import (
+    compute_dtype,
+    next_pow2,
+    nonempty,
+    pallas_call,
+    register_lowering_case,
+)
 from gpustat.reference.border import (
     STATUS_NONFINITE,
     STATUS_OK,
@@ -55,7 +61,6 @@ from gpustat.reference.border import (
     STATUS_SCHUR_NOT_PD,
     gershgorin_bounds,
     gershgorin_ridge_bump,
-    nonempty,
     schur_overflow,
 )
 

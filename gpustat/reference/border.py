@@ -33,6 +33,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from gpustat.border_layout import BorderLayout
+from gpustat.pallas._common import nonempty
 
 # float32 contractions in full precision: XLA would run them as TF32 on NVIDIA GPUs.
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
@@ -45,7 +46,6 @@ __all__ = [
     "accumulation_growth",
     "gershgorin_bounds",
     "gershgorin_ridge_bump",
-    "nonempty",
     "schur_overflow",
     "solve_border_reference",
     "symmetric_from_lower",
@@ -101,16 +101,6 @@ def symmetric_from_lower(a):
     """The symmetric matrix whose lower triangle is that of ``a`` ``(..., m, m)``."""
     lower = jnp.tril(a)
     return lower + jnp.swapaxes(jnp.tril(a, -1), -1, -2)
-
-
-def nonempty(x):
-    """``x``, or one zero entry ``(1, *x.shape[1:])`` when ``x`` is empty (a static shape).
-
-    A packed array is empty when no atom has entries in it: ``H_tt`` and ``g_t`` when every
-    ``n_a = 0``, ``H_bb`` and ``g_b`` when every ``k_a = 0``, ``H_tb`` when every
-    ``n_a k_a = 0``. A gather needs an in-range slot even when every index is padding,
-    which the solve masks, so the substitute's value never matters."""
-    return x if x.size else jnp.zeros((1, *x.shape[1:]), x.dtype)
 
 
 def _solve_atom(H_tt, H_tb, g_t, H_bb, g_b, n, k, ridge_t, ridge_beta):

@@ -78,17 +78,24 @@ def _erf_small(x):
     return x * _poly(_ERF_P, z) / _poly(_ERF_Q, z)
 
 
+def _erfcx_tail(y):
+    """(tail, y_t, c): for y > 4 (``tail``), erfcx(y) = (1/√π - c) / y_t with
+    c = z P(z) / Q(z), z = 1/y^2 (Cody's tail rational part); y_t = 1 off the tail."""
+    tail = y > _MEDIUM
+    yt = jnp.where(tail, y, 1.0)
+    z = 1.0 / (yt * yt)
+    return tail, yt, z * _poly(_TAIL_P, z) / _poly(_TAIL_Q, z)
+
+
 def _erfcx_pos(y):
     """erfcx(y) = exp(y^2) erfc(y) for y >= 0 (inf -> 0), no exponential overflow."""
     small = y <= _SMALL
-    tail = y > _MEDIUM
+    tail, yt, correction = _erfcx_tail(y)
     ys = jnp.where(small, y, 0.0)
     from_erf = jnp.exp(ys * ys) * (1.0 - _erf_small(ys))
     ym = jnp.where(small | tail, 1.0, y)
     mid = _poly(_MID_P, ym) / _poly(_MID_Q, ym)
-    yt = jnp.where(tail, y, 1.0)
-    z = 1.0 / (yt * yt)
-    far = (_INV_SQRT_PI - z * _poly(_TAIL_P, z) / _poly(_TAIL_Q, z)) / yt
+    far = (_INV_SQRT_PI - correction) / yt
     return jnp.where(small, from_erf, jnp.where(tail, far, mid))
 
 
@@ -149,15 +156,12 @@ def erfcx_derivative(x, value):
     """d/dx erfcx(x) = 2 x erfcx(x) - 2/√π, given ``value`` = erfcx(x).
 
     In the tail (x > 4) the two terms cancel to about -1/(√π x^2): there it is taken from
-    the tail's rational part instead, erfcx(x) - 1/(x√π) = -z P(z) / (Q(z) x) with
-    z = 1/x^2, so the derivative is -2 z P(z) / Q(z) (0 at +inf).
+    the tail's rational part instead (:func:`_erfcx_tail`), erfcx(x) - 1/(x√π) = -c / x,
+    so the derivative is -2 c (0 at +inf).
     """
-    tail = x > _MEDIUM
-    xt = jnp.where(tail, x, 1.0)
-    z = 1.0 / (xt * xt)
-    far = -2.0 * z * _poly(_TAIL_P, z) / _poly(_TAIL_Q, z)
+    tail, _, correction = _erfcx_tail(x)
     near = 2.0 * jnp.where(tail, 0.0, x) * value - 2.0 * _INV_SQRT_PI
-    return jnp.where(tail, far, near)
+    return jnp.where(tail, -2.0 * correction, near)
 
 
 def _ndtr_upper(t):
