@@ -155,10 +155,7 @@ log_ndtr.__doc__ = """``log Φ(x)``, no underflow: ``-x^2/2 + log erfcx(-x/√2)
         Array of ``x``'s shape and dtype; ``log_ndtr(-inf) = -inf``, ``log_ndtr(inf) = 0``.
     """
 
-probit_curvature = _public(
-    "probit_curvature",
-    lambda x, y: -y * (x + _mills(x)) + _mills(x) * (1.0 - y),
-)
+probit_curvature = _public("probit_curvature", _ref.probit_curvature_derivative)
 probit_curvature.__doc__ = """Probit curvature ``C(x) = -d² log Φ(x)/dx² = λ(x) (x + λ(x))``.
 
     In (0, 1): ``C(-inf) = 1``, ``C(+inf) = 0``. For x <= -3 a 64-term Laplace
