@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import bms
-from gpustat.distributed_core import mesh_size, row_axis
+from gpustat.distributed_core import check_blocks, mesh_size, row_axis
 
 __all__ = ["ShardedBmsRows", "row_derivatives", "shard_bms_rows"]
 
@@ -102,6 +102,7 @@ def row_derivatives(rows: ShardedBmsRows, mesh: Mesh, *,
     if not isinstance(rows, ShardedBmsRows):
         raise TypeError(f"rows must be a ShardedBmsRows (see shard_bms_rows), got "
                         f"{type(rows).__name__}")
+    check_blocks("rows", rows.local.cell_offsets.shape[0], mesh)
     n_local = rows.n_local
 
     def block(local):

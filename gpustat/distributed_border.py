@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import border
-from gpustat.distributed_core import mesh_size, row_axis
+from gpustat.distributed_core import check_blocks, mesh_size, row_axis
 
 __all__ = ["BorderPlan", "ShardedBorderBatch", "ShardedBorderSolution", "shard_border_batch",
            "solve_batched_border"]
@@ -219,9 +219,7 @@ def solve_batched_border(batch: ShardedBorderBatch, ridge_t, ridge_beta, mesh: M
     if not isinstance(batch, ShardedBorderBatch):
         raise TypeError(f"batch must be a ShardedBorderBatch (see shard_border_batch), got "
                         f"{type(batch).__name__}")
-    if mesh_size(mesh) != batch.plan.n_devices:
-        raise ValueError(f"batch was sharded for {batch.plan.n_devices} devices, the mesh has "
-                         f"{mesh_size(mesh)}")
+    check_blocks("batch", batch.plan.n_devices, mesh)
     dtype = batch.local.H_tt.dtype
     rt = _slot_ridges("ridge_t", ridge_t, batch.plan, dtype)
     rb = _slot_ridges("ridge_beta", ridge_beta, batch.plan, dtype)

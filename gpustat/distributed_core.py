@@ -30,8 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gpustat._checks import check_int
+
 __all__ = [
     "ROW_AXIS",
+    "check_blocks",
     "make_mesh",
     "map_rows",
     "mesh_size",
@@ -62,14 +65,14 @@ def make_mesh(n_devices: int | None = None, *, axis_name: str = ROW_AXIS,
         A ``jax.sharding.Mesh`` of shape ``(n_devices,)``.
 
     Raises:
-        ValueError: ``n_devices`` < 1 or more than the devices available.
+        ValueError: ``n_devices`` not an integer >= 1, or more than the devices available.
         TypeError: ``axis_name`` is not a string.
     """
     if not isinstance(axis_name, str):
         raise TypeError(f"axis_name must be a str, got {type(axis_name).__name__}")
     pool = list(jax.devices() if devices is None else devices)
-    n = len(pool) if n_devices is None else int(n_devices)
-    if not 1 <= n <= len(pool):
+    n = len(pool) if n_devices is None else check_int(n_devices, "n_devices", 1)
+    if n > len(pool):
         raise ValueError(f"n_devices must lie in [1, {len(pool)}] (devices available), "
                          f"got {n_devices=}")
     return Mesh(np.asarray(pool[:n]), (axis_name,))
@@ -92,6 +95,13 @@ def row_axis(mesh: Mesh) -> str:
 def mesh_size(mesh: Mesh) -> int:
     """Number of devices on the mesh's row axis."""
     return int(_check_mesh(mesh).devices.size)
+
+
+def check_blocks(name: str, n_blocks: int, mesh: Mesh) -> None:
+    """Raise unless ``name`` (a host-planned sharded input) has one block per mesh device."""
+    if n_blocks != mesh_size(mesh):
+        raise ValueError(f"{name} was sharded for {n_blocks} devices, the mesh has "
+                         f"{mesh_size(mesh)}")
 
 
 def padded_rows(n: int, mesh: Mesh) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ import scipy.sparse as sp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import fm_train
-from gpustat.distributed_core import mesh_size, psum_packed, row_axis
+from gpustat.distributed_core import check_blocks, mesh_size, psum_packed, row_axis
 
 __all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
 
@@ -36,12 +37,13 @@ __all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ShardedRows:
-    """Training rows in D equal blocks, one per device.
+    """Training rows in D contiguous blocks, one per device, of ``n // D`` or ``n // D + 1``
+    rows (the larger blocks first).
 
     Attributes:
         rows: :class:`~gpustat.fm_train.DeviceRows` whose arrays carry a leading (D,)
             axis (sharded over the mesh); each block's last row is padding (weight 0).
-        n_local: static real rows per block (the last block may hold fewer).
+        n_local: static real rows of the largest block.
         n_rows: static total real rows n.
     """
 
@@ -51,8 +53,19 @@ class ShardedRows:
 
     def block_rows(self, device: int) -> np.ndarray:
         """Global row ids of block ``device``'s real rows."""
-        lo = min(device * self.n_local, self.n_rows)
-        return np.arange(lo, min(lo + self.n_local, self.n_rows))
+        bounds = _block_bounds(self.n_rows, self.rows.weight.shape[0])
+        return np.arange(bounds[device], bounds[device + 1])
+
+
+def _block_bounds(n: int, n_devices: int) -> np.ndarray:
+    """(D + 1,) row offsets of D contiguous blocks whose sizes differ by at most one.
+
+    Balanced blocks keep every global batch but the last full (with whole-block orders),
+    which is what makes an epoch equal the single-device epoch over :func:`global_order`;
+    blocks of ``ceil(n / D)`` rows would leave the last device short early.
+    """
+    size, extra = divmod(n, n_devices)
+    return np.array([g * size + min(g, extra) for g in range(n_devices + 1)])
 
 
 def _pad_to(a: np.ndarray, shape) -> np.ndarray:
@@ -62,7 +75,7 @@ def _pad_to(a: np.ndarray, shape) -> np.ndarray:
 
 
 def shard_training_rows(X, field_ids, target, weight, dtype, mesh: Mesh) -> ShardedRows:
-    """Split training rows into equal contiguous blocks on the mesh's devices.
+    """Split training rows into contiguous blocks (sizes differ by at most one) on the mesh.
 
     Args:
         X: (n, p) scipy CSR matrix, canonical (sorted, duplicate-free, no explicit zeros).
@@ -79,12 +92,11 @@ def shard_training_rows(X, field_ids, target, weight, dtype, mesh: Mesh) -> Shar
     X = sp.csr_matrix(X)
     n = X.shape[0]
     d = mesh_size(mesh)
-    n_local = max(-(-n // d), 1)
+    bounds = _block_bounds(n, d)
     target = np.asarray(target).reshape(n, -1)
     weight = np.asarray(weight).reshape(n)
     blocks = []
-    for g in range(d):
-        lo, hi = min(g * n_local, n), min((g + 1) * n_local, n)
+    for lo, hi in itertools.pairwise(bounds):
         blocks.append(fm_train.to_device_rows(X[lo:hi], field_ids, target[lo:hi],
                                               weight[lo:hi], dtype))
     # common shape: the largest padded row count (+ padding rows) and slot width
@@ -98,7 +110,7 @@ def shard_training_rows(X, field_ids, target, weight, dtype, mesh: Mesh) -> Shar
                  "target": (n_pad, parts[0].shape[1] if parts[0].ndim == 2 else 0),
                  "weight": (n_pad,)}[name]
         fields.append(jax.device_put(np.stack([_pad_to(p, shape) for p in parts]), sharding))
-    return ShardedRows(fm_train.DeviceRows(*fields), n_local, n)
+    return ShardedRows(fm_train.DeviceRows(*fields), max(-(-n // d), 1), n)
 
 
 def _local_batches(data: ShardedRows, local_orders, local_batch: int):
@@ -133,6 +145,9 @@ def _check_orders(data: ShardedRows, local_orders, d: int):
 def global_order(data: ShardedRows, local_orders, batch_size: int) -> np.ndarray:
     """The single-device visit order whose batches are the union of the devices' batches."""
     d = len(local_orders)
+    if batch_size % d:
+        raise ValueError(f"batch_size must be a multiple of the device count {d} (as in "
+                         f"train_epoch), got {batch_size=}")
     local_batch = batch_size // d
     table, _ = _local_batches(data, local_orders, local_batch)
     pad_row = data.rows.idx.shape[1] - 1
@@ -201,6 +216,7 @@ def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows,
         ``(params, opt_state, weighted loss sum)`` replicated; equal to
         :func:`gpustat.fm_train.train_epoch` over :func:`global_order`.
     """
+    check_blocks("data", data.rows.weight.shape[0], mesh)
     d = mesh_size(mesh)
     if cfg.batch_size % d:
         raise ValueError(f"cfg.batch_size must be a multiple of the device count {d}, got "

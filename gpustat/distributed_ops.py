@@ -17,8 +17,9 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float
 
 from gpustat import bms, factorization, mixture, piecewise
-from gpustat.distributed_core import map_rows, row_axis, sum_rows
+from gpustat.distributed_core import check_blocks, map_rows, row_axis, sum_rows
 from gpustat.distributed_csr import ShardedCSR, shard_csr
+from gpustat.mixture_validation import check_data, check_params, check_sample_weight
 
 __all__ = [
     "ffm_predict",
@@ -59,13 +60,25 @@ def ppoly_eval(pp: piecewise.PiecewisePolynomial, x: Float[ArrayLike, " n *s"], 
                     mesh, x, pp)
 
 
+def _check_params_concretely(op, block_of, X, params, backend: str) -> None:
+    """The single-device op's checks of the (replicated) parameters: field id ranges and
+    finiteness. Inside ``shard_map`` they are tracers and the op skips its value checks,
+    so it is traced here once (``eval_shape``: no computation) closing over them as
+    concrete arrays."""
+    jax.eval_shape(lambda rows: op(block_of(rows), *params, backend=backend), X)
+
+
 def _predict(op, X, params, mesh: Mesh, backend: str):
     """Scores of every row of X under ``op(X_block, *params, backend=...)``."""
+    params = jax.tree.map(jnp.asarray, params)
     if not isinstance(X, ShardedCSR) and not isinstance(X, factorization.CSR) \
             and not hasattr(X, "tocsr"):
         X = _leading_rows("X", X)
+        _check_params_concretely(op, lambda rows: rows, X, params, backend)
         return map_rows(lambda xb, prm: op(xb, *prm, backend=backend), mesh, X, params)
     sharded = X if isinstance(X, ShardedCSR) else shard_csr(X, mesh)
+    check_blocks("X", sharded.indptr.shape[0], mesh)
+    _check_params_concretely(op, ShardedCSR.local_block, sharded, params, backend)
     axis = row_axis(mesh)
 
     def block(blocks: ShardedCSR, prm):
@@ -143,8 +156,12 @@ def suff_stats(X: Float[ArrayLike, "n p"], params: mixture.MixtureParams, mesh: 
     Returns:
         :class:`~gpustat.mixture.SuffStats`, replicated on every device.
     """
-    X = _leading_rows("X", X)
-    w = jnp.ones(X.shape[:1], X.dtype) if sample_weight is None else jnp.asarray(sample_weight)
+    # the single-device op's value checks (finite X, weights >= 0) see tracers inside
+    # shard_map and are skipped there: run them here on the whole input
+    X = check_data(X)
+    params = check_params(params, X.shape[1], X.dtype)
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
 
     def block(rows, prm):
         xb, wb = rows

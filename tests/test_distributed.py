@@ -123,3 +123,28 @@ def test_bad_input():
         distributed.shard_bms_rows(np.ones(3), mesh)
     with pytest.raises(TypeError, match="RowDerivatives"):
         distributed.joint_gradient(np.ones(3), np.ones((3, 1)), np.ones((3, 1)), mesh)
+
+
+def test_value_checks_of_the_single_device_ops_run_before_sharding():
+    # inside shard_map the single-device ops see tracers and skip their value checks
+    # (an out-of-range field id then gathers a clamped field: wrong scores, no error)
+    import scipy.sparse as sp
+
+    from gpustat import mixture
+
+    mesh = distributed.make_mesh(1)
+    X = np.eye(4)
+    fields, w, V = np.array([0, 1, 2, 3]), np.zeros(4), np.ones((4, 3, 2))  # f = 3 fields
+    for rows in (X, sp.csr_matrix(X)):
+        with pytest.raises(ValueError, match=r"field_ids must lie in \[0, f=3\)"):
+            distributed.ffm_predict(rows, fields, 0.0, w, V, mesh, backend="reference")
+    with pytest.raises(ValueError, match="w must be finite"):
+        distributed.fm_predict(X, 0.0, np.array([0.0, np.nan, 0.0, 0.0]), V[:, 0], mesh,
+                               backend="reference")
+    params = mixture.MixtureParams.from_covariances(jnp.ones(1), jnp.zeros((1, 4)),
+                                                    jnp.eye(4)[None])
+    with pytest.raises(ValueError, match="sample_weight must be finite and non-negative"):
+        distributed.suff_stats(X, params, mesh, -np.ones(4), backend="reference")
+    with pytest.raises(ValueError, match="X contains 1 NaN"):
+        distributed.suff_stats(X + np.diag([np.nan, 0, 0, 0]), params, mesh,
+                               backend="reference")

@@ -72,6 +72,7 @@ def check_mesh():
     r = distributed.replicate(jnp.ones(3), mesh)
     assert _spec(r) == PartitionSpec()
     _raises(lambda: distributed.make_mesh(0), ValueError, "n_devices")
+    _raises(lambda: distributed.make_mesh(1.5), ValueError, "n_devices")  # was truncated
     _raises(lambda: distributed.make_mesh(N_DEVICES + 1), ValueError, "n_devices")
     _raises(lambda: distributed.make_mesh(axis_name=1), TypeError, "axis_name")
     _raises(lambda: distributed.shard_rows((jnp.ones(3), jnp.ones(4)), mesh), ValueError,
@@ -157,6 +158,8 @@ def check_factorization():
     got = distributed.fm_predict(jnp.asarray(dense), w0, w, V, mesh, backend="reference")
     errs["fm_dense"] = _err(got, factorization.fm_predict(dense, w0, w, V, backend="reference"))
     _raises(lambda: distributed.shard_csr(dense.tolist(), mesh), TypeError, "X must be")
+    _raises(lambda: distributed.fm_predict(Xs, w0, w, V, distributed.make_mesh(2)), ValueError,
+            "X was sharded for 4 devices, the mesh has 2")
     assert max(errs.values()) < 1e-12, errs
     return errs
 
@@ -291,6 +294,8 @@ def check_bms_rows():
     ref = bms.row_derivatives(rows, backend="reference")
     assert np.array_equal(np.asarray(got.status), np.asarray(ref.status))
     errs = {"derivs": _err(got[:3], ref[:3])}
+    _raises(lambda: distributed.row_derivatives(sharded, distributed.make_mesh(2)), ValueError,
+            "rows was sharded for 4 devices, the mesh has 2")
     assert errs["derivs"] < 1e-12, errs
     return {**errs, "n_cells": rows.n_cells}
 
@@ -325,7 +330,9 @@ def check_border():
 def check_fm_training():
     mesh = distributed.make_mesh()
     rng = np.random.default_rng(8)
-    n, p, k, batch = 64, 12, 3, 8
+    # 61 rows: blocks of 16 and 15; ceil(n / D) blocks (16, 16, 16, 13) would leave a
+    # global batch before the last short, unlike the single-device epoch
+    n, p, k, batch = 61, 12, 3, 8
     X = sp.random(n, p, density=0.3, random_state=9, format="csr")
     X.sort_indices()
     y = rng.integers(0, 2, n).astype(float)[:, None]
@@ -340,6 +347,7 @@ def check_fm_training():
     opt_state = tx.init(params)
     data = distributed.shard_training_rows(X, fields, y, weight, np.float64, mesh)
     orders = [rng.permutation(data.block_rows(g).size) for g in range(N_DEVICES)]
+    assert [len(o) for o in orders] == [16, 15, 15, 15]
     got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
     single = fm_train.to_device_rows(X, fields, y, weight, np.float64)
     order = distributed.global_order(data, orders, batch)
@@ -349,6 +357,10 @@ def check_fm_training():
     bad = fm_train.TrainConfig("fm", "logistic", p, 1, 6, tx, lazy, l2w, l2v, "reference")
     _raises(lambda: distributed.train_epoch(bad, params, opt_state, data, orders, mesh),
             ValueError, "batch_size")
+    _raises(lambda: distributed.global_order(data, orders, 6), ValueError, "batch_size")
+    _raises(lambda: distributed.train_epoch(cfg, params, opt_state, data, orders[:2],
+                                            distributed.make_mesh(2)),
+            ValueError, "data was sharded for 4 devices, the mesh has 2")
     assert max(errs.values()) < 1e-12, errs
     return errs
 
