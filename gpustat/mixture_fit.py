@@ -25,7 +25,13 @@ from jaxtyping import Array, Bool, Float, Int
 from gpustat import mixture_ops
 from gpustat.mixture_mstep import m_step
 from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import DirichletPrior, NIWPrior, StickBreakingPrior
+from gpustat.mixture_priors import (
+    DirichletPrior,
+    NIWPrior,
+    StickBreakingPrior,
+    check_component_prior,
+    check_weight_prior,
+)
 from gpustat.mixture_validation import (
     check_data,
     check_params,
@@ -72,6 +78,11 @@ class EMResult:
     converged: Bool[Array, ""]
     status: Int[Array, ""]
     restart_lower_bounds: Float[Array, " r"]
+
+
+def _check_reg_covar(reg_covar) -> None:
+    if reg_covar < 0:
+        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
 
 
 def _shift_means(params: MixtureParams, shift) -> MixtureParams:
@@ -138,8 +149,9 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         is reported by ``status == 1``, not an exception.
     """
     X = check_data(X)
-    if reg_covar < 0:
-        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+    _check_reg_covar(reg_covar)
+    if tol < 0:
+        raise ValueError(f"tol must be non-negative, got {tol=}")
     if max_iter < 0:
         raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
     batched = init.weights.ndim == 2
@@ -147,6 +159,8 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     check_params(one, X.shape[1], X.dtype)
     init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    weight_prior = check_weight_prior(weight_prior, X.dtype)
+    component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
     check_precision(precision)
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
     return _fit_em_jit(X, init, w, weight_prior, component_prior,
@@ -229,7 +243,6 @@ def online_em_init(X_first: Float[Array, "b p"], params: MixtureParams) -> Onlin
     return OnlineEMState(zero, _shift_means(params, -shift), shift, jnp.int32(0))
 
 
-@functools.partial(jax.jit, static_argnames=("reg_covar", "kappa", "backend", "precision"))
 def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
                    reg_covar: float = 1e-6, kappa: float = 0.6, backend: str = "auto",
                    precision: str = "highest") -> tuple[OnlineEMState, Float[Array, ""]]:
@@ -237,8 +250,9 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
 
     Args:
         state: :class:`OnlineEMState` from :func:`online_em_init` or a previous step.
-        X_batch: (b, p) mini-batch.
-        reg_covar: added to covariance diagonals.
+        X_batch: (b, p) mini-batch, p as in the state; a narrower float dtype is cast up
+            to the state's, a wider one raises.
+        reg_covar: non-negative value added to covariance diagonals.
         kappa: step-size exponent in (0.5, 1]; rho_t = (t + 1)^-kappa with t = ``state.step``
             (0 for the first batch: rho_0 = 1, then 2^-kappa, 3^-kappa, ...).
         backend: E-step backend.
@@ -248,8 +262,26 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
         (new state, mean log-likelihood of the batch under the old parameters).
     """
     X_batch = check_data(X_batch, "X_batch")
+    p = state.params.n_features
+    if X_batch.shape[1] != p:
+        raise ValueError(f"X_batch must have the state's p={p} features, got "
+                         f"{X_batch.shape=}")
+    dtype = state.params.means.dtype
+    if jnp.finfo(X_batch.dtype).bits > jnp.finfo(dtype).bits:
+        raise ValueError(f"X_batch must not be wider than the state's {dtype} (it would "
+                         f"change the state's dtype), got {X_batch.dtype=}")
+    X_batch = X_batch.astype(dtype)
+    _check_reg_covar(reg_covar)
+    if not 0.5 < kappa <= 1:
+        raise ValueError(f"kappa must lie in (0.5, 1], got {kappa=}")
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, X_batch.shape[1], "online_em_step")
+    path = mixture_ops.resolve_mixture_backend(backend, p, "online_em_step")
+    return _online_em_step_jit(state, X_batch, reg_covar=reg_covar, kappa=kappa, path=path,
+                               precision=precision)
+
+
+@functools.partial(jax.jit, static_argnames=("reg_covar", "kappa", "path", "precision"))
+def _online_em_step_jit(state, X_batch, *, reg_covar, kappa, path, precision):
     Xc = X_batch - state.shift
     stats = mixture_ops.dispatch_suff_stats(Xc, state.params, None, path=path,
                                             precision=precision)

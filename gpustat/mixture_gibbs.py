@@ -27,7 +27,14 @@ from jaxtyping import Array, Float
 from gpustat import mixture_ops, random_draws
 from gpustat.mixture_init import initialize
 from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import NIWPrior, StickBreakingPrior, niw_posterior, stick_weights
+from gpustat.mixture_priors import (
+    NIWPrior,
+    StickBreakingPrior,
+    check_component_prior,
+    check_weight_prior,
+    niw_posterior,
+    stick_weights,
+)
 from gpustat.mixture_validation import check_data, check_params, check_precision
 
 __all__ = ["GibbsResult", "GibbsState", "fit_gibbs", "gibbs_sweep", "sample_niw_posterior",
@@ -181,12 +188,28 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
                          f"{n_sweeps=}, {n_chains=}")
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
     if init is not None:
-        init = check_params(init, X.shape[1], X.dtype)
-    sticks_prior = StickBreakingPrior(jnp.asarray(alpha, X.dtype)) if weight_prior is None \
-        else weight_prior
+        init = _check_init(init, X, n_components)
+    component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
+    sticks_prior = check_weight_prior(
+        StickBreakingPrior(alpha) if weight_prior is None else weight_prior, X.dtype)
+    if not isinstance(sticks_prior, StickBreakingPrior):
+        raise TypeError(f"weight_prior must be a StickBreakingPrior or None, got "
+                        f"{type(weight_prior).__name__}")
     return _fit_gibbs_jit(key, X, init, component_prior, sticks_prior,
                           n_components=n_components, n_sweeps=n_sweeps, n_chains=n_chains,
                           sample_alpha=sample_alpha, path=path, precision=precision)
+
+
+def _check_init(init, X, n_components: int) -> MixtureParams:
+    """``init`` as full-covariance parameters of ``n_components`` components on X's p."""
+    init = check_params(init, X.shape[1], X.dtype)
+    if init.covariance_type != "full":
+        raise ValueError(f"init must have covariance_type='full' (the NIW draws are full), "
+                         f"got {init.covariance_type=!r}")
+    if init.n_components != n_components:
+        raise ValueError(f"init must have {n_components=} components, got "
+                         f"{init.n_components=}")
+    return init
 
 
 @functools.partial(jax.jit, static_argnames=("n_components", "n_sweeps", "n_chains",

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from gpustat.mixture_params import SuffStats
+from gpustat.mixture_validation import check_positive_definite, is_concrete
 
-__all__ = ["DirichletPrior", "NIWPrior", "StickBreakingPrior", "niw_posterior",
-           "stick_weights"]
+__all__ = ["DirichletPrior", "NIWPrior", "StickBreakingPrior", "check_component_prior",
+           "check_weight_prior", "niw_posterior", "stick_weights"]
 
 
 @jax.tree_util.register_dataclass
@@ -75,6 +76,53 @@ class NIWPrior:
         nu = p + 2.0 if dof is None else dof
         return cls(jnp.mean(X, axis=0), jnp.asarray(kappa, X.dtype), jnp.asarray(nu, X.dtype),
                    jnp.diag(jnp.var(X, axis=0)) * scale * max(nu - p - 1, 1.0))
+
+
+def _in_dtype(prior, dtype):
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), prior)
+
+
+def _check_above(value, bound, name: str) -> None:
+    """Raise unless a concrete ``value`` is finite and > ``bound`` (tracers pass)."""
+    if is_concrete(value):
+        with jax.ensure_compile_time_eval():
+            value = jnp.asarray(value)
+            valid = bool(jnp.all(jnp.isfinite(value) & (value > bound)))
+        if not valid:
+            raise ValueError(f"{name} must be finite and > {bound}, got {name}={value}")
+
+
+def check_weight_prior(prior, dtype):
+    """None, or a Dirichlet / stick-breaking prior with positive parameters, in ``dtype``."""
+    if prior is None:
+        return None
+    if not isinstance(prior, (DirichletPrior, StickBreakingPrior)):
+        raise TypeError(f"weight_prior must be DirichletPrior, StickBreakingPrior or None, got "
+                        f"{type(prior).__name__}")
+    for field in dataclasses.fields(prior):
+        _check_above(getattr(prior, field.name), 0, f"weight_prior.{field.name}")
+    return _in_dtype(prior, dtype)
+
+
+def check_component_prior(prior, n_features: int, dtype):
+    """None, or a proper :class:`NIWPrior` on p = ``n_features`` features, in ``dtype``:
+    mean (p,), kappa > 0, dof > p - 1, scale (p, p) positive definite."""
+    if prior is None:
+        return None
+    if not isinstance(prior, NIWPrior):
+        raise TypeError(f"component_prior must be an NIWPrior or None, got "
+                        f"{type(prior).__name__}")
+    p = n_features
+    for name, shape in (("mean", (p,)), ("kappa", ()), ("dof", ()), ("scale", (p, p))):
+        actual = jnp.shape(getattr(prior, name))
+        if actual != shape:
+            raise ValueError(f"component_prior.{name} must have shape {shape} for p={p} "
+                             f"features, got {actual}")
+    _check_above(prior.kappa, 0, "component_prior.kappa")
+    _check_above(prior.dof, p - 1, "component_prior.dof")
+    if is_concrete(prior.scale):
+        check_positive_definite(prior.scale, "component_prior.scale")
+    return _in_dtype(prior, dtype)
 
 
 def niw_posterior(prior: NIWPrior, stats: SuffStats):

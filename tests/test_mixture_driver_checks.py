@@ -1,0 +1,130 @@
+"""The drivers' priors and settings: checked and named (fit_em / fit_bem / fit_gibbs /
+online_em_step), and priors of another float dtype than X."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal
+
+from gpustat import mixture
+from tests.helpers import assert_close
+
+P = 2
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(11)
+    return np.concatenate([rng.normal(-2.0, 1.0, (15, P)), rng.normal(3.0, 0.5, (15, P))])
+
+
+@pytest.fixture(scope="module")
+def init():
+    return mixture.MixtureParams.from_covariances(
+        np.array([0.4, 0.6]), np.array([[-2.0, -1.0], [3.0, 2.0]]), np.stack([np.eye(P)] * 2))
+
+
+def _prior(**change):
+    fields = dict(mean=jnp.zeros(P), kappa=jnp.array(0.5), dof=jnp.array(5.0),
+                  scale=jnp.array([[1.0, 0.2], [0.2, 2.0]]))
+    return mixture.NIWPrior(**{**fields, **change})
+
+
+def _one_map_em_step(X, init, prior, alpha):
+    """One MAP-EM step in numpy float64: scipy responsibilities, NIW posterior mode
+    Phi_n / (nu_n + p + 2) (+ reg_covar), Dirichlet mode w_j propto N_j + alpha - 1."""
+    m0, kappa, nu, phi = (np.asarray(a, np.float64) for a in
+                          (prior.mean, prior.kappa, prior.dof, prior.scale))
+    log_w = np.stack([np.log(w) + multivariate_normal(mu, c).logpdf(X) for w, mu, c in zip(
+        np.asarray(init.weights), np.asarray(init.means), np.asarray(init.covariances))], 1)
+    resp = np.exp(log_w - np.logaddexp.reduce(log_w, axis=1)[:, None])
+    counts = resp.sum(0)
+    covariances = []
+    for r, n in zip(resp.T, counts):
+        xbar = r @ X / n
+        d = xbar - m0
+        phi_n = phi + (X - xbar).T * r @ (X - xbar) + kappa * n / (kappa + n) * np.outer(d, d)
+        covariances.append(phi_n / (nu + n + P + 2) + 1e-6 * np.eye(P))
+    weights = (counts + alpha - 1) / np.sum(counts + alpha - 1)
+    return weights, np.array(covariances)
+
+
+def test_float64_priors_fit_float32_data(data, init):
+    """With x64 on, priors built from jnp arrays are float64; float32 X used to stop with
+    a while_loop carry TypeError. They now compute in X's dtype."""
+    prior = _prior()
+    X32 = data.astype(np.float32)
+    init32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init)
+    result = mixture.fit_em(X32, init32, max_iter=1, backend="reference",
+                            weight_prior=mixture.DirichletPrior(jnp.array(2.0)),
+                            component_prior=prior)
+    want_weights, want_covariances = _one_map_em_step(data, init, prior, 2.0)
+    assert result.params.covariances.dtype == jnp.float32
+    assert_close(result.params.weights, want_weights, rtol=1e-5)
+    assert_close(result.params.covariances, want_covariances, rtol=1e-4)
+
+
+BAD_PRIORS = [
+    (dict(component_prior=_prior(mean=jnp.zeros(1))), "component_prior.mean"),
+    (dict(component_prior=_prior(kappa=jnp.array(-1.0))), "component_prior.kappa"),
+    (dict(component_prior=_prior(dof=jnp.array(0.5))), "component_prior.dof"),
+    (dict(component_prior=_prior(scale=-jnp.eye(P))), "component_prior.scale"),
+    (dict(weight_prior=mixture.StickBreakingPrior(-1.0)), "weight_prior.alpha"),
+]
+
+
+@pytest.mark.parametrize("bad,name", BAD_PRIORS)
+def test_improper_priors_are_named(data, init, bad, name):
+    """These ran: a (1,) mean broadcast over p features, a negative-definite scale fit with
+    status 0, and the Gibbs chains of every case returned NaN without an error."""
+    with pytest.raises(ValueError, match=name):
+        mixture.fit_em(data, init, max_iter=1, backend="reference", **bad)
+    with pytest.raises(ValueError, match=name):
+        mixture.fit_gibbs(jax.random.key(0), data, 2, n_sweeps=1, backend="reference", **bad)
+
+
+def test_driver_settings_are_named(data, init):
+    with pytest.raises(ValueError, match=r"weight_prior\.alpha"):
+        mixture.fit_em(data, init, weight_prior=mixture.DirichletPrior(0.0))
+    with pytest.raises(TypeError, match="weight_prior"):
+        mixture.fit_em(data, init, weight_prior="dirichlet")
+    with pytest.raises(ValueError, match="tol"):
+        mixture.fit_em(data, init, tol=-1.0)
+    diag = mixture.MixtureParams.from_covariances(init.weights, init.means, np.ones((2, P)),
+                                                  "diag")
+    with pytest.raises(ValueError, match="init"):
+        mixture.fit_gibbs(jax.random.key(0), data, 2, init=diag)
+    with pytest.raises(ValueError, match="init"):
+        mixture.fit_gibbs(jax.random.key(0), data, 3, init=init)
+
+
+def test_streaming_step_checks_its_batch_and_settings(data, init):
+    """A one-feature batch used to broadcast against the state's (p,) shift and run; NaN
+    batches, kappa outside (0.5, 1] and negative reg_covar ran too."""
+    state = mixture.online_em_init(data, init)
+    for p in (1, 3):
+        with pytest.raises(ValueError, match="X_batch"):
+            mixture.online_em_step(state, np.ones((5, p)))
+    with pytest.raises(ValueError, match="NaN"):
+        mixture.online_em_step(state, np.full((5, P), np.nan))
+    for kappa in (0.0, 0.5, 1.5):
+        with pytest.raises(ValueError, match="kappa"):
+            mixture.online_em_step(state, data, kappa=kappa)
+    with pytest.raises(ValueError, match="reg_covar"):
+        mixture.online_em_step(state, data, reg_covar=-1.0)
+
+
+def test_streaming_step_keeps_the_state_dtype(data, init):
+    """A float64 batch turned a float32 stream into a float64 one; a float32 batch is cast
+    up to a float64 state (the same step as from the float64 batch)."""
+    state32 = mixture.online_em_init(data.astype(np.float32),
+                                     jax.tree.map(lambda a: a.astype(np.float32), init))
+    with pytest.raises(ValueError, match="X_batch"):
+        mixture.online_em_step(state32, data.astype(np.float64))
+    state64 = mixture.online_em_init(data, init)
+    batch = data[:20].astype(np.float32)
+    got, _ = mixture.online_em_step(state64, batch)
+    want, _ = mixture.online_em_step(state64, batch.astype(np.float64))
+    assert got.params.means.dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(got.params.means), np.asarray(want.params.means))
