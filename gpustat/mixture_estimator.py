@@ -304,14 +304,19 @@ class GaussianMixture:
         t = 0, 1, ... of the stream averages the batch's per-row statistics into the
         running ones with step rho_t = (t + 1)^-0.6 (rho_0 = 1: the first batch replaces
         them) and redoes the M-step. Attributes are updated after every call; returns
-        self. X follows :meth:`fit`'s dtype rules and needs b >= max(2, m) rows when it
-        starts the stream from an initialisation.
+        self. X follows :meth:`fit`'s dtype rules (the stream computes in the dtype of the
+        batch that started it; a wider batch later raises) and needs b >= max(2, m) rows
+        when it starts the stream from an initialisation.
         """
         del y
         self._check_settings()
         if not hasattr(self, "_online_state"):
             self._online_state = self._start_stream(X)
         X = self._check_X(X, fitting=False)
+        stream_dtype = self._online_state.params.means.dtype
+        if jnp.finfo(X.dtype).bits > jnp.finfo(stream_dtype).bits:
+            raise ValueError(f"X is {X.dtype} but the stream computes in {stream_dtype} (the "
+                             f"dtype it started from); pass X.astype({stream_dtype.name!r})")
         self._online_state, batch_bound = online_em_step(
             self._online_state, X, reg_covar=self.reg_covar, backend=self.backend,
             precision=self.precision)

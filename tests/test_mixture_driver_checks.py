@@ -128,3 +128,14 @@ def test_streaming_step_keeps_the_state_dtype(data, init):
     want, _ = mixture.online_em_step(state64, batch.astype(np.float64))
     assert got.params.means.dtype == np.float64
     np.testing.assert_array_equal(np.asarray(got.params.means), np.asarray(want.params.means))
+
+
+def test_estimator_stream_names_a_wider_batch(data):
+    """A stream runs in the dtype it started from: a float64 batch had silently turned a
+    float32 stream into a float64 one."""
+    gm = mixture.GaussianMixture(2, backend="reference", random_state=0)
+    gm.fit(data.astype(np.float32))
+    gm.partial_fit(data[:30].astype(np.float32))  # starts the stream in float32
+    with pytest.raises(ValueError, match="X is float64 but the stream computes in float32"):
+        gm.partial_fit(data[:30])
+    assert gm.means_.dtype == np.float32
