@@ -18,6 +18,9 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.base import BaseEstimator, DensityMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.validation import check_array, check_is_fitted
 
 from gpustat._checks import is_int
 from gpustat.mixture_fit import (
@@ -51,11 +54,7 @@ def _check_finite(values: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} contains {bad} NaN or infinite values")
 
 
-class ConvergenceWarning(UserWarning):
-    """EM stopped at max_iter before the lower bound changed by less than tol."""
-
-
-class GaussianMixture:
+class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
 
     Integer settings (``n_components``, ``max_iter``, ``n_init``) take Python or numpy
@@ -109,28 +108,6 @@ class GaussianMixture:
         self.backend = backend
         self.precision = precision
 
-    _PARAM_NAMES = ("n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
-                    "init_params", "weights_init", "means_init", "precisions_init",
-                    "random_state", "warm_start", "verbose", "verbose_interval", "backend",
-                    "precision")
-
-    def get_params(self, deep: bool = True) -> dict:
-        """Constructor arguments (scikit-learn's estimator protocol)."""
-        del deep
-        return {name: getattr(self, name) for name in self._PARAM_NAMES}
-
-    def set_params(self, **params) -> GaussianMixture:
-        """Set constructor arguments (scikit-learn's estimator protocol)."""
-        for name, value in params.items():
-            if name not in self._PARAM_NAMES:
-                raise ValueError(f"invalid parameter {name!r} for GaussianMixture")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        return f"GaussianMixture(n_components={self.n_components}, " \
-               f"covariance_type={self.covariance_type!r}, backend={self.backend!r})"
-
     # ------------------------------------------------------------------ validation
 
     def _check_settings(self) -> None:
@@ -151,16 +128,18 @@ class GaussianMixture:
                 raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
 
     def _check_X(self, X, *, fitting: bool) -> jax.Array:
+        # scikit-learn's checks and messages (sparse, complex, object, 1-D, empty input),
+        # then gpustat's dtype rules and finiteness check
+        X = check_array(X, dtype="numeric", accept_sparse=False, ensure_all_finite=False,
+                        ensure_min_samples=2 if fitting else 1, estimator=self)
         X = check_data(integers_as_float(X))
         if fitting:
-            if X.shape[0] < 2:
-                raise ValueError(f"GaussianMixture needs n >= 2 samples, got {X.shape=}")
             if X.shape[0] < self.n_components:
                 raise ValueError(f"Expected n_samples >= n_components but got n_components = "
                                  f"{self.n_components}, n_samples = {X.shape[0]}")
         elif X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture was fitted "
-                             f"with {self.n_features_in_} features")
+            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture is expecting "
+                             f"{self.n_features_in_} features as input")
         return X
 
     def _user_inits(self, p: int, dtype):
@@ -343,8 +322,7 @@ class GaussianMixture:
     # ------------------------------------------------------------------ inference
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "params_"):
-            raise ValueError("This GaussianMixture instance is not fitted yet; call fit first")
+        check_is_fitted(self, "params_")  # NotFittedError, a ValueError and AttributeError
 
     def _weighted_log_prob(self, X):
         log_dens = mvn_logpdf(X, self.params_, backend=self.backend, precision=self.precision)

@@ -1,11 +1,15 @@
 """The drivers' priors and settings: checked and named (fit_em / fit_bem / fit_gibbs /
 online_em_step), and priors of another float dtype than X."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sklearn.exceptions
 from scipy.stats import multivariate_normal
+from sklearn.utils.estimator_checks import check_estimator
 
 from gpustat import mixture
 from tests.helpers import assert_close
@@ -139,3 +143,17 @@ def test_estimator_stream_names_a_wider_batch(data):
     with pytest.raises(ValueError, match="X is float64 but the stream computes in float32"):
         gm.partial_fit(data[:30])
     assert gm.means_.dtype == np.float32
+
+
+def test_estimator_passes_scikit_learns_checks():
+    """It was not a BaseEstimator: clone / tags failed, predict before fit raised a plain
+    ValueError, and sparse, complex, object, 1-D and empty X got gpustat's messages (or a
+    JAX TypeError) instead of scikit-learn's."""
+    est = mixture.GaussianMixture(2, backend="reference", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = check_estimator(est, on_fail=None)
+    failed = [(r["check_name"], repr(r["exception"])) for r in results
+              if r["status"] == "failed"]
+    assert not failed, failed
+    assert issubclass(mixture.ConvergenceWarning, sklearn.exceptions.ConvergenceWarning)
