@@ -84,7 +84,9 @@ _ROW_GRADS = {"fm": _fm_row_grads, "ffm": _ffm_row_grads, "fwfm": _fwfm_row_grad
 
 def _backward(model: str, X: CSR, field_ids, params, g):
     """Cotangents of (X.data, w0, w, V, R) for score cotangents ``g`` (n,)."""
-    w0, w, V, R = params
+    # residuals are the primals as given: numpy arrays cannot be indexed by traced ids
+    field_ids = None if field_ids is None else jnp.asarray(field_ids)
+    w0, w, V, R = (None if a is None else jnp.asarray(a) for a in params)
     dtype = g.dtype
     d_data = jnp.zeros((X.nnz + 1,), dtype)  # slot nnz absorbs the padding
     d_w = jnp.zeros(w.shape, dtype)

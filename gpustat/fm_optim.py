@@ -27,6 +27,8 @@ Per coordinate, state starting at 0 (g is the gradient passed in):
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -43,8 +45,29 @@ def _touched_tree(touched, params_like):
     return touched
 
 
+def _check_number(op: str, name: str, value, low: float, high: float = math.inf, *,
+                  low_open: bool = False):
+    """ValueError unless ``value`` is finite and in ``[low, high)`` (``(low, high)`` with
+    ``low_open``). Arrays pass unchecked (hyperparameters injected under a trace)."""
+    if not isinstance(value, numbers.Real):
+        return
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and value < high):
+        interval = f"{'(' if low_open else '['}{low}, {high})"
+        raise ValueError(f"{op}: {name} must be a finite number in {interval}, got {value!r}")
+
+
 def _where(mask, new, old):
     return jnp.where(mask, new, old).astype(old.dtype)
+
+
+def _step_ratio(numerator, denominator):
+    """``numerator / denominator``, 0 where the denominator is 0.
+
+    AdaGrad's ``G`` and Adam's ``v`` are 0 only while every gradient so far was 0
+    (so the numerator is 0 too): with ``eps = 0`` the step is 0, not 0/0 = NaN.
+    """
+    return numerator / jnp.where(denominator > 0, denominator, 1)
 
 
 class LazySgdState(NamedTuple):
@@ -59,7 +82,11 @@ def lazy_sgd(learning_rate: float) -> optax.GradientTransformationExtraArgs:
 
     Returns:
         An optax transformation; ``update(grads, state, params=None, touched=None)``.
+
+    Raises:
+        ValueError: ``learning_rate`` not a finite number > 0.
     """
+    _check_number("lazy_sgd", "learning_rate", learning_rate, 0, low_open=True)
 
     def init(params):
         del params
@@ -90,7 +117,12 @@ def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTran
 
     Returns:
         An optax transformation; ``update(grads, state, params=None, touched=None)``.
+
+    Raises:
+        ValueError: ``learning_rate`` not a finite number > 0, or ``eps`` < 0.
     """
+    _check_number("lazy_adagrad", "learning_rate", learning_rate, 0, low_open=True)
+    _check_number("lazy_adagrad", "eps", eps, 0)
 
     def init(params):
         return LazyAdagradState(jax.tree.map(jnp.zeros_like, params))
@@ -101,7 +133,8 @@ def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTran
 
         def one(g, s, t):
             s_new = s + g * g
-            return _where(t, -learning_rate * g / jnp.sqrt(s_new + eps), jnp.zeros_like(g)), \
+            step = -learning_rate * _step_ratio(g, jnp.sqrt(s_new + eps))
+            return _where(t, step, jnp.zeros_like(g)), \
                 _where(t, s_new, s)
 
         out = jax.tree.map(one, grads, state.sum_sq, touched)
@@ -135,7 +168,15 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
 
     Returns:
         An optax transformation; ``update(grads, state, params=None, touched=None)``.
+
+    Raises:
+        ValueError: ``learning_rate`` not a finite number > 0, ``b1`` or ``b2`` outside
+            ``[0, 1)``, or ``eps`` < 0.
     """
+    _check_number("lazy_adam", "learning_rate", learning_rate, 0, low_open=True)
+    for name, value in (("b1", b1), ("b2", b2)):
+        _check_number("lazy_adam", name, value, 0, 1)
+    _check_number("lazy_adam", "eps", eps, 0)
 
     def init(params):
         return LazyAdamState(*(jax.tree.map(jnp.zeros_like, params) for _ in range(3)))
@@ -153,7 +194,7 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
             steps = jnp.maximum(c_new, 1)
             m_hat = m_new / (1 - b1**steps)
             v_hat = v_new / (1 - b2**steps)
-            step = -learning_rate * m_hat / (jnp.sqrt(v_hat) + eps)
+            step = -learning_rate * _step_ratio(m_hat, jnp.sqrt(v_hat) + eps)
             return (_where(t, step, jnp.zeros_like(g)), _where(t, m_new, m),
                     _where(t, v_new, v), _where(t, c_new, c))
 
@@ -196,7 +237,16 @@ def ftrl(learning_rate: float, beta: float = 1.0, l1: Any = 0.0,
     Returns:
         An optax transformation; ``update(grads, state, params, touched=None)``
         needs ``params``.
+
+    Raises:
+        ValueError: ``learning_rate`` not a finite number > 0, or ``beta``, ``l1`` or
+            ``l2`` negative.
     """
+    _check_number("ftrl", "learning_rate", learning_rate, 0, low_open=True)
+    _check_number("ftrl", "beta", beta, 0)
+    for name, value in (("l1", l1), ("l2", l2)):
+        for leaf in jax.tree.leaves(value):
+            _check_number("ftrl", name, leaf, 0)
     alpha = learning_rate
 
     def init(params):

@@ -87,7 +87,7 @@ def bucket(n: int, minimum: int) -> int:
     grid of 8 steps per octave (<= 12.5 % padding). Few sizes -> few compiles."""
     if n <= 1 << 16:
         return max(next_pow2(n), minimum)
-    step = next_pow2(n) // 8
+    step = next_pow2(n) // 16  # n lies in the octave (next_pow2(n) / 2, next_pow2(n)]
     return -(-n // step) * step
 
 

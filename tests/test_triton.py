@@ -445,6 +445,14 @@ class TestFactorizationTritonKernels:
         assert_close(got, _fm_reference(model, X, params), rtol=tol(np.float64, "kernel"),
                      atol=1e-12)
 
+    @pytest.mark.parametrize("model", ["ffm", "fwfm"])
+    def test_no_factors_scores_the_linear_model(self, model):
+        """k = 0 (V with an empty last axis): every score is w0 + x . w."""
+        P, X, params = _fm_problem(model, np.float64)
+        params[3] = params[3][..., :0]
+        got = self.scores(model, X, params)
+        assert_close(got, P.w0 + P.X @ P.w, rtol=1e-12, atol=1e-12)
+
     @pytest.mark.parametrize("data_dtype", ["float32", "bfloat16"])
     def test_float32_and_16bit_values(self, data_dtype):
         P, X, params = _fm_problem("ffm", np.float64)

@@ -51,14 +51,18 @@ def pad_axis(x: jax.Array, axis: int, multiple: int, value=0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def nonempty(x: jax.Array) -> jax.Array:
-    """``x``, or one zero entry ``(1, *x.shape[1:])`` when ``x`` is empty (a static shape).
+def nonempty(x: jax.Array, axis: int = 0) -> jax.Array:
+    """``x``, or zeros with ``axis`` of length 1 when ``x`` is empty (a static shape).
 
     Masked loads and gathers need an in-range slot even when every index is padding
-    (e.g. a packed border array no atom has entries in, or no BMS rows); the callers mask
-    it or it adds nothing, so the substitute's value never matters. A non-empty ``x`` is
-    returned as it is (no copy)."""
-    return x if x.size else jnp.zeros((1, *x.shape[1:]), x.dtype)
+    (e.g. a packed border array no atom has entries in, no BMS rows, or FM factors with
+    k = 0 along the last axis); the callers mask it or it adds nothing, so the
+    substitute's value never matters. A non-empty ``x`` is returned as it is (no copy)."""
+    if x.size:
+        return x
+    shape = list(x.shape)
+    shape[axis] = 1
+    return jnp.zeros(shape, x.dtype)
 
 
 def compiler_params(num_warps: int = 4, num_stages: int = 1) -> plt.CompilerParams:

@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from gpustat.csr import CSR
-from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat.pallas._common import next_pow2, nonempty, pallas_call, register_lowering_case
 from gpustat.reference.factorization import (
     assemble_scores,
     score_dtype,
@@ -298,6 +298,7 @@ def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool,
             class_axis: str | None = None, block_rows: int | None = None,
             block_w: int | None = None, num_warps: int | None = None):
     dtype = score_dtype(*(a for a in (X.data, w0, w, V, R) if a is not None))
+    V = nonempty(V, axis=-1)  # k = 0 (a linear model): one zero factor to gather
     k = V.shape[-1]
     n_fields = 0 if model == "fm" else (V.shape[1] if model == "ffm" else R.shape[0])
     # parameters in the compute dtype, flattened so kernels gather by flat offset

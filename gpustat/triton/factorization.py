@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from gpustat.csr import CSR
-from gpustat.pallas._common import next_pow2
+from gpustat.pallas._common import next_pow2, nonempty
 from gpustat.reference.factorization import assemble_scores, score_dtype
 from gpustat.triton._common import CompileCase, launch
 
@@ -165,6 +165,7 @@ def _bucket_call(model: str, X: CSR, rows, width: int, params: tuple, dtype, *, 
 
 def _scores(model: str, X: CSR, field_ids, w0, w, V, R, *, interpret: bool, **overrides):
     dtype = score_dtype(*(a for a in (X.data, w0, w, V, R) if a is not None))
+    V = nonempty(V, axis=-1)  # k = 0 (a linear model): one zero factor to gather
     k = V.shape[-1]
     n_fields = V.shape[1] if model == "ffm" else R.shape[0]
     # parameters in the compute dtype, flattened so the kernel gathers by flat offset;

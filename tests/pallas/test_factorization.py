@@ -101,6 +101,20 @@ class TestScoringKernels(KernelTests):
             X, None, jnp.asarray(P.w0), jnp.asarray(P.w), jnp.asarray(V), None)
         assert_close(actual, expected, rtol=1e-12, atol=1e-12)
 
+    @pytest.mark.parametrize("model", ["ffm", "fwfm_slots"])
+    def test_no_factors_scores_the_linear_model(self, model):
+        """k = 0: every score is ``w0 + x . w`` (the kernels gathered from an empty V)."""
+        P = ONE_HOT
+        X = CSR.from_scipy(P.X)
+        if model == "fwfm_slots":
+            model, X = "fwfm", X.with_field_slots(P.field_ids)
+        n_fields = P.R.shape[0]
+        V = np.zeros((P.X.shape[1], n_fields, 0) if model == "ffm" else (P.X.shape[1], 0))
+        actual = _jitted(model, self.backend == "interpret", ())(
+            X, jnp.asarray(P.field_ids, jnp.int32), jnp.asarray(P.w0), jnp.asarray(P.w),
+            jnp.asarray(V), jnp.asarray(P.R))
+        assert_close(actual, P.w0 + P.X @ P.w, rtol=1e-12, atol=1e-12)
+
 
 ONE_HOT = make_one_hot_problem()  # 13 rows, 5 fields, k = 3: a ragged last row block
 

@@ -125,3 +125,22 @@ def test_gradient_rule_matches_autodiff_of_reference(model):
     if model == "fwfm":  # R's lower triangle is never read: zero gradient there
         assert np.all(np.asarray(got[4])[np.tril_indices(3, -1)] == 0)
         assert np.any(np.asarray(got[4])[np.triu_indices(3)] != 0)
+
+
+def test_gradient_rule_takes_numpy_and_python_parameters():
+    """jax.grad hands the custom VJP its primals as given (numpy arrays, a Python float):
+    the backward indexes them with traced ids, so it must convert them first."""
+    P = make_problem(seed=2, row_lengths=(3, 4))  # one bucket: the backward runs eagerly
+    X = CSR.from_scipy(P.X)
+    forward = jax.jit(_forward("ffm"))
+
+    def custom(w0, V):
+        return jnp.sum(scores_with_vjp("ffm", forward, X, P.field_ids, w0, P.w, V))
+
+    def autodiff(V):
+        return jnp.sum(forward(X, jnp.asarray(P.field_ids), P.w0, jnp.asarray(P.w), V, None))
+
+    got = jax.grad(custom, (0, 1))(float(P.w0), P.V_ffm)
+    assert got[0] == pytest.approx(X.shape[0])
+    assert_close(got[1], jax.jit(jax.grad(autodiff))(jnp.asarray(P.V_ffm)),
+                 rtol=tol(np.float64, "autodiff"), atol=1e-12)
