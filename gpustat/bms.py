@@ -44,6 +44,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from gpustat._backend import resolve_backend
+from gpustat._checks import is_int
 from gpustat.bms_rows import BmsRows, build_row_arrays, flat_cubic_basis
 from gpustat.pallas import bms as kernels
 from gpustat.piecewise import PiecewisePolynomial
@@ -93,6 +94,13 @@ def _float_array(name, x, ndim=None):
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got {name}.shape={x.shape}")
     return x
+
+
+def _common_float(*arrays):
+    """The arrays cast to their promoted floating dtype, so that no input is down-cast (the
+    kernels compute in one dtype)."""
+    dtype = jnp.result_type(*arrays)
+    return [a.astype(dtype) for a in arrays]
 
 
 def _check_basis(name, basis, beta_name, beta):
@@ -183,8 +191,9 @@ def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
         raise ValueError("y must hold only 0 and 1")
     if not np.all(arrays["w"] > 0):
         raise ValueError(f"w must be > 0, got min(w)={arrays['w'].min()!r}")
-    if not 9 <= order <= MAX_ORDER:
-        raise ValueError(f"order must be in [9, {MAX_ORDER}] for Stage 2, got {order=}")
+    if not is_int(order) or not 9 <= order <= MAX_ORDER:
+        raise ValueError(f"order must be an integer in [9, {MAX_ORDER}] for Stage 2, got "
+                         f"{order=!r}")
     fields = build_row_arrays(arrays["q"], arrays["b"], beta_h, beta_w, score_basis, link_basis,
                               arrays["z_obs"], arrays["y"], arrays["w"], s_f)
     p_h, p_w = fields.pop("p_h"), fields.pop("p_w")
@@ -199,15 +208,17 @@ def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
                  backend: str = "auto") -> tuple[Float[Array, "c K1"], Int[Array, " c"]]:
     """Stage 1: m_k = ∫_lo^hi z^k exp(-(z² + η(z)²)/2) dz, k = 0..K, per cell.
 
-    Non-affine finite cells use the 384-point Gauss-Legendre rule; affine cells
-    (normalised |k2|, |k3| <= 1e-10) and affine semi-infinite tails use the closed
-    form with the integration-by-parts recurrence.
+    Finite cells use the 384-point Gauss-Legendre rule; affine semi-infinite tails, and
+    affine cells (normalised |k2|, |k3| <= 1e-10) reaching more than 32 standard
+    deviations 1/sqrt(1 + C1²) each side of their midpoint, use the closed form with the
+    integration-by-parts recurrence (which loses the high moments of narrower cells).
 
     Args:
         lo: (c,) lower bounds (``-inf`` allowed for affine tails).
         hi: (c,) upper bounds (``+inf`` allowed).
         c: (c, 4) cubic coefficients C0..C3 of η in ascending powers of z. float32 or
-            float64 (16-bit computes in float32).
+            float64 (16-bit computes in float32); lo, hi and c compute in their promoted
+            dtype.
         order: K in [0, 24].
         backend: "auto" | "pallas" | "reference" | "interpret".
 
@@ -222,8 +233,10 @@ def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
     if lo.shape != (c.shape[0],) or hi.shape != (c.shape[0],):
         raise ValueError(f"lo and hi must have shape ({c.shape[0]},) like c, got {lo.shape=}, "
                          f"{hi.shape=}")
-    if not isinstance(order, int) or not 0 <= order <= MAX_ORDER:
-        raise ValueError(f"order must be an int in [0, {MAX_ORDER}], got {order=!r}")
+    if not is_int(order) or not 0 <= order <= MAX_ORDER:
+        raise ValueError(f"order must be an integer in [0, {MAX_ORDER}], got {order=!r}")
+    order = int(order)
+    lo, hi, c = _common_float(lo, hi, c)
     # "auto" runs the kernel: 7.85 ms against XLA's 40.7 ms (5.19x) on an H100 at 4.49e6
     # cells, max relative error 1.5e-15, and its float64 gpu tests (order 15 included)
     # passed in the same run (commit 78d3496, benchmarks/results/nvidia-h100-80gb-hbm3).
@@ -296,10 +309,11 @@ def row_derivatives(rows: BmsRows, *, backend: str = "auto") -> RowDerivatives:
     path = resolve_backend(backend, op="bms.row_derivatives", kernel_supports=r <= KERNEL_MAX_R,
                            unsupported_reason=f"the kernel holds (r, r) tiles up to r = "
                                               f"{KERNEL_MAX_R}, got r={r}")
-    args = (rows.cell_offsets, rows.cell_c, rows.cell_moments[:, :reference.STAGE2_ORDER + 1],
-            rows.cell_status, rows.cell_jet, rows.cell_jet_a, rows.cell_jet_b, rows.mu_1,
-            rows.mu_2, rows.e_obs, rows.chi, rows.xi, rows.rho, rows.tau, rows.r_uv, rows.y,
-            rows.w)
+    c, moments, jet, jet_a, jet_b, *row_arrays = _common_float(
+        rows.cell_c, rows.cell_moments[:, :reference.STAGE2_ORDER + 1], rows.cell_jet,
+        rows.cell_jet_a, rows.cell_jet_b, rows.mu_1, rows.mu_2, rows.e_obs, rows.chi, rows.xi,
+        rows.rho, rows.tau, rows.r_uv, rows.y, rows.w)
+    args = (rows.cell_offsets, c, moments, rows.cell_status, jet, jet_a, jet_b, *row_arrays)
     if path == "reference":
         return RowDerivatives(*reference.row_derivatives(*args))
     return RowDerivatives(*kernels.row_derivatives(*args, interpret=path == "interpret"))
@@ -360,6 +374,7 @@ def joint_hvp(rows_or_hessians: RowDerivatives | Float[ArrayLike, "n r r"],
     if v.ndim not in (1, 2) or v.shape[-1] != p_total:
         raise ValueError(f"v must have shape (p_total,) or (R, p_total) with p_total={p_total}, "
                          f"got {v.shape=}")
+    hess, x, g, v = _common_float(hess, x, g, v)
     vm = v[None] if v.ndim == 1 else v
     path = _joint_path("bms.joint_hvp", backend, hess, x, g)
     if path == "reference":
@@ -373,6 +388,7 @@ def _joint_reduction(op: str, rows_or_hessians, x, g, backend: str):
     """Validate and dispatch a joint reduction of the row Hessians (diagonal or dense)."""
     hess = _hessians(rows_or_hessians)
     x, g, _ = _check_design(hess, x, g)
+    hess, x, g = _common_float(hess, x, g)
     path = _joint_path(f"bms.{op}", backend, hess, x, g)
     if path == "reference":
         return getattr(reference, op)(hess, x, g)

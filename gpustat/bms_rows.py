@@ -5,9 +5,11 @@ Stage-1/Stage-2 inputs of ``specs/bms_flex.md`` A.2, in float64 numpy vectorised
 over rows:
 
 1. a_i solves ``F(a) = ∫ Φ(η(z; a)) φ(z) dz - Φ(q_i) = 0`` by Newton from the rigid
-   solution ``q √(1 + S_f² b²)/S_f``. F is integrated per cell by Gauss-Legendre-384
-   on the cells clipped to |z| <= 40 (the normal mass beyond is below 1e-348, zero in
-   float64); F_a by the same rule.
+   solution ``q √(1 + S_f² b²)/S_f`` (for q > 0 as ``Φ(-q) - ∫ Φ(-η) φ dz``, which does
+   not cancel when Φ(q) is close to 1). F is integrated per cell by Gauss-Legendre-384
+   on two panels, cut where an affine η crosses 0 (else at the midpoint), of the cells
+   clipped to |z| <= 40 (the normal mass beyond is below 1e-348, zero in float64); F_a
+   by the same rule.
 2. The z-line is cut at the score knots and at ``(τ - a)/b`` for the link knots τ
    (|b| > 1e-12); windows of width <= 1e-12 are dropped; the two outer cells are
    semi-infinite affine tails (the bases are constant beyond their knots).
@@ -305,20 +307,41 @@ def _partition(model, a, b):
     return lo, hi, probe, valid
 
 
+def _panels(lo, hi, c):
+    """Each cell [lo, hi] as two quadrature panels: split where an affine η crosses 0,
+    else at the midpoint. Returns (lo, hi), each (..., 2).
+
+    Φ(η) steps at the root over a width 1/|C1| (the integrand's mass sits there when Φ(q)
+    is small): Gauss-Legendre resolves that at a panel end, where its nodes cluster, but
+    not inside a wide panel (one panel on a whole-line cell with slope 8 put a 2e-2 off).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = -c[..., 0] / c[..., 1]
+    affine = np.all(np.abs(c[..., 2:]) <= AFFINE_TOL, axis=-1) & np.isfinite(root)
+    cut = np.where(affine, np.clip(root, lo, hi), 0.5 * (lo + hi))
+    return np.stack([lo, cut], axis=-1), np.stack([cut, hi], axis=-1)
+
+
 def _calibration(model, a, b, q):
-    """F(a) - Φ(q) and F_a per row by Gauss-Legendre on each cell clipped to |z| <= 40."""
+    """F(a) - Φ(q) and F_a per row by Gauss-Legendre on two panels per cell (the cell
+    clipped to |z| <= 40)."""
     lo, hi, probe, valid = _partition(model, a, b)
     c, jet, _, _ = _jets(model, probe, a[:, None], b[:, None])
     nodes, weights = gauss_legendre(GL_NODES)
     lo_q = np.where(valid, np.clip(lo, -QUAD_HALF_WIDTH, QUAD_HALF_WIDTH), 0.0)
     hi_q = np.where(valid, np.clip(hi, -QUAD_HALF_WIDTH, QUAD_HALF_WIDTH), 0.0)
-    half = np.where(valid, 0.5 * (hi_q - lo_q), 0.0)[..., None]
-    z = 0.5 * (hi_q + lo_q)[..., None] + half * nodes
-    eta = _poly_value(c[..., None, :], z)
+    lo_p, hi_p = _panels(lo_q, hi_q, c)                                    # (n, k, 2)
+    half = 0.5 * (hi_p - lo_p)[..., None]
+    z = 0.5 * (hi_p + lo_p)[..., None] + half * nodes                      # (n, k, 2, nodes)
+    eta = _poly_value(c[..., None, None, :], z)
     dens = half * weights * _INV_SQRT_2PI * np.exp(-0.5 * z * z)
-    f = np.sum(ndtr(eta) * dens, axis=(1, 2)) - ndtr(q)
-    f_a = np.sum(_INV_SQRT_2PI * np.exp(-0.5 * eta * eta) * _poly_value(jet[..., 0, None, :], z)
-                 * dens, axis=(1, 2))
+    # for q > 0, F = Φ(-q) - ∫ Φ(-η) φ dz (∫ φ dz = 1): both terms keep their relative
+    # precision where ∫ Φ(η) φ dz - Φ(q) would cancel two numbers close to 1
+    sign = np.where(q > 0, -1.0, 1.0)
+    f = sign * (np.sum(ndtr(sign[:, None, None, None] * eta) * dens, axis=(1, 2, 3))
+                - ndtr(sign * q))
+    f_a = np.sum(_INV_SQRT_2PI * np.exp(-0.5 * eta * eta)
+                 * _poly_value(jet[..., 0, None, None, :], z) * dens, axis=(1, 2, 3))
     return f, f_a
 
 

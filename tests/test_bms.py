@@ -78,6 +78,51 @@ def test_rigid_build_rows_match_closed_form(backend):
                  rtol=rtol)
 
 
+def _check_rigid_rows_against_closed_form(q, b, z_obs, y, s_f=0.9):
+    """build_rows + row_derivatives of rigid rows vs a = q √(1 + S_f² b²)/S_f and
+    jax.hessian of -log Φ(s S_f (a(q, b) + b z)). 4 rows of 1 cell: the shapes of
+    test_rigid_build_rows_match_closed_form (its compiled reference is shared)."""
+    rows = bms.build_rows(q, b, None, None, None, None, z_obs, y, np.ones(4), s_f,
+                          backend="reference")
+    assert_close(rows.a, q * np.sqrt(1 + (s_f * b) ** 2) / s_f, rtol=1e-14)
+
+    def closed_form(theta, z, yy):
+        a = theta[0] * jnp.sqrt(1 + (s_f * theta[1]) ** 2) / s_f
+        m = (2 * yy - 1) * s_f * (a + theta[1] * z)
+        # log1p(-Φ(-m)) for m > 0: jax's log_ndtr takes log Φ(m) there (1e-5 off at m = 7);
+        # each branch gets a safe argument so the other's derivatives stay finite
+        upper = m > 0
+        return -jnp.where(upper, jnp.log1p(-jax.scipy.special.ndtr(-jnp.where(upper, m, 1.0))),
+                          jax.scipy.special.log_ndtr(jnp.where(upper, -1.0, m)))
+
+    neglog, grad, hess = jax.jit(jax.vmap(lambda *a: (
+        closed_form(*a), jax.grad(closed_form)(*a), jax.hessian(closed_form)(*a))))(
+        np.stack([q, b], axis=1), z_obs, y)
+    out = bms.row_derivatives(rows, backend="reference")
+    assert np.all(np.asarray(out.status) == 0)
+    assert_close(out.neglog, neglog, rtol=1e-12)
+    assert_close(out.grad, grad, rtol=1e-12)
+    # relative to each row's largest entry: H_bb cancels at steep slopes
+    scale = np.abs(np.asarray(hess)).max(axis=(1, 2))[:, None, None]
+    assert np.all(np.abs(np.asarray(out.hess) - np.asarray(hess)) <= 1e-10 * scale)
+
+
+def test_rigid_rows_in_the_upper_tail_of_q_match_closed_form():
+    # Φ(q) near 1: the calibration used to cancel ∫ Φ(η) φ dz against Φ(q) (a was 5% off
+    # at q = 8, 4e-7 at q = 6, and found no root at q = 5 for b = 0.8)
+    _check_rigid_rows_against_closed_form(
+        q=np.array([5.0, 6.0, 8.0, -8.0]), b=np.array([0.8, -0.5, 1.5, 0.8]),
+        z_obs=np.array([0.3, -1.0, 2.0, 0.3]), y=np.array([0.0, 1.0, 0.0, 1.0]))
+
+
+def test_rigid_rows_with_steep_slopes_match_closed_form():
+    # Φ(η) steps over a width 1/|S_f b| where η crosses 0: one Gauss-Legendre panel on the
+    # whole line put a 4e-5 off at b = 5 and 2e-2 off at b = 8
+    _check_rigid_rows_against_closed_form(
+        q=np.array([-1.0, 0.5, 2.0, -3.0]), b=np.array([5.0, -8.0, 20.0, 50.0]),
+        z_obs=np.array([-0.3, 0.1, -2.0, 2.95]), y=np.array([1.0, 0.0, 1.0, 1.0]))
+
+
 def test_failed_calibration_is_reported_per_row():
     # q = -40: Φ(q) underflows, the intercept has no finite root -> that row alone fails
     score = bms.flat_cubic_basis(np.linspace(-2.5, 2.5, 6))
@@ -144,6 +189,7 @@ def _build(**changes):
         ({"y": [0, 2]}, "y"),
         ({"w": [1.0, 0.0]}, "w"),
         ({"beta_w": [0.3]}, "beta_w"),
+        ({"order": 9.5}, "order"),
     ],
 )
 def test_build_rows_bad_input(changes, match):
@@ -178,6 +224,11 @@ def test_cell_moments_and_joint_bad_input():
         bms.cell_moments(np.zeros(3), np.ones(2), np.zeros((2, 4)))
     with pytest.raises(ValueError, match="order"):
         bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4)), order=25)
+    with pytest.raises(ValueError, match="order"):
+        bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4)), order=True)
+    # numpy integers are integers
+    assert bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4)),
+                            order=np.int64(3))[0].shape == (2, 4)
     with pytest.raises(TypeError, match="floating"):
         bms.cell_moments(np.zeros(2), np.ones(2), np.zeros((2, 4), np.int32))
     hess = np.zeros((3, 4, 4))
@@ -218,3 +269,30 @@ def test_empty_batches(backend):
     np.testing.assert_array_equal(bms.joint_hvp(hess, x, g, jnp.ones(4), backend=backend), 0)
     np.testing.assert_array_equal(bms.joint_dense(hess, x, g, backend=backend), np.zeros((4, 4)))
     np.testing.assert_array_equal(bms.joint_diagonal(hess, x, g, backend=backend), np.zeros(4))
+    x1, g1 = jnp.ones((2, 2)), jnp.ones((2, 1))
+    directions = bms.joint_hvp(jnp.ones((2, 3, 3)), x1, g1, jnp.zeros((0, 4)), backend=backend)
+    assert directions.shape == (0, 4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_mixed_precision_inputs_are_promoted(backend):
+    """float32 Hessians or cell coefficients with float64 designs, directions or bounds
+    compute in float64 on every backend (the kernels used to down-cast to float32)."""
+    # shapes of the kernel tests (tests/pallas/test_bms.py), whose compiled kernels are shared
+    rng = np.random.default_rng(8)
+    hess, x, g = tables.random_row_hessians(rng, 37, 7, 4, 3)
+    hess32 = hess.astype(np.float32)
+    dense = tables.dense_joint_loops(hess32.astype(np.float64), x, g)
+    v = rng.standard_normal(dense.shape[0])
+    rtol = tol(np.float64, "oracle")
+    out = bms.joint_hvp(hess32, x, g, v, backend=backend)
+    assert out.dtype == jnp.float64
+    assert_close(out, dense @ v, rtol=rtol, atol=rtol * np.abs(dense).max() * np.abs(v).max())
+    diag = bms.joint_diagonal(hess32, x, g, backend=backend)
+    assert diag.dtype == jnp.float64
+    assert_close(diag, np.diag(dense), rtol=rtol)
+    # cells whose coefficients float32 holds exactly
+    lo, hi, c, expected = tables.cells_array([tables.MOMENT_CELLS[i] for i in (0, 5, 9)])
+    moments, _ = bms.cell_moments(lo, hi, c.astype(np.float32), order=15, backend=backend)
+    assert moments.dtype == jnp.float64
+    assert_close(moments[:, :10], expected, rtol=rtol, atol=1e-15)

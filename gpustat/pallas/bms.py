@@ -8,8 +8,8 @@ copies a large input.
 * ``_cell_moments_kernel``: ``block_cells`` cells per program, one cell per lane; the
   384 Gauss-Legendre nodes are walked serially (one mirror pair per loop step) into
   lane-local running moment sums, one per half of the cell, skipped entirely when
-  every cell of the block is affine; affine cells use the closed form and the upward
-  recurrence on (block_cells,) vectors.
+  every cell of the block takes the closed form (affine tails, affine cells wider than
+  32 standard deviations each side): the upward recurrence on (block_cells,) vectors.
 * ``_row_derivatives_kernel``: one row per program; its CSR cells stream through in
   chunks of ``block_cells``, loaded as one (r, 4 block_cells) jet tile each. The
   quadratic form Σ_pq E_up E_vq T_{p+q} of a chunk is two small full-precision dots,
@@ -45,6 +45,7 @@ from gpustat.pallas._common import (
 )
 from gpustat.reference.bms import (
     AFFINE_TOL,
+    CLOSED_FORM_MIN_HALF_WIDTH,
     GL_NODES,
     KAPPA,
     CellStatus,
@@ -119,16 +120,18 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
     mid = jnp.where(infinite, 0.0, 0.5 * (hi + lo))
     k2 = half * half * (c2 + 3.0 * c3 * mid)
     k3 = c3 * half * half * half
-    affine = infinite | ((jnp.abs(k2) <= AFFINE_TOL) & (jnp.abs(k3) <= AFFINE_TOL))
+    affine = (jnp.abs(k2) <= AFFINE_TOL) & (jnp.abs(k3) <= AFFINE_TOL)
+    wide = half * jnp.sqrt(1.0 + c1 * c1) > CLOSED_FORM_MIN_HALF_WIDTH
+    closed_form = infinite | (affine & wide)
     zero = jnp.zeros_like(c0)
     c0, c1, c2, c3 = (jnp.where(finite_c, v, zero) for v in (c0, c1, c2, c3))
 
     # Gauss-Legendre on [mid - half, mid + half]: one cell per lane, the nodes walked
     # serially into lane-local running moment sums (no cross-lane reductions), one
-    # mirror pair z = mid ± d per loop step (numpy's nodes and weights are exactly
+    # mirror pair z = mid ± d per loop step (the rule's nodes and weights are exactly
     # symmetric). The two halves keep separate sums: on a symmetric cell they are
     # bitwise mirror images whatever the compiler contracts into FMAs, so odd moments
-    # come out exactly zero. Skipped when every cell of the block is affine.
+    # come out exactly zero. Skipped when every cell of the block takes the closed form.
     def gl_pair(j, carry):
         sums, bad = carry
         node = GL_NODES - 1 - j                                   # t_node >= 0
@@ -147,7 +150,7 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
             new.append(tuple(half_sums))
         return tuple(new), bad
 
-    needs_gl = jnp.max(jnp.where(live & ~affine, 1, 0).astype(jnp.int32))
+    needs_gl = jnp.max(jnp.where(live & ~closed_form, 1, 0).astype(jnp.int32))
     acc0 = tuple(zero for _ in range(order + 1))
     (upper, lower), gl_bad = jax.lax.fori_loop(0, needs_gl * (GL_NODES // 2), gl_pair,
                                                ((acc0, acc0), jnp.zeros(block_cells, jnp.bool_)))
@@ -183,14 +186,14 @@ def _cell_moments_kernel(lo_ref, hi_ref, c_ref, nodes_ref, weights_ref, m_ref, s
                        jnp.where(invalid, CellStatus.INVALID_INTERVAL,
                                  jnp.where(infinite & curved,
                                            CellStatus.NON_AFFINE_INFINITE_INTERVAL,
-                                           jnp.where(jnp.where(affine, af_bad, gl_bad),
+                                           jnp.where(jnp.where(closed_form, af_bad, gl_bad),
                                                      CellStatus.NON_FINITE_EVALUATION,
                                                      CellStatus.OK)))).astype(jnp.int32)
     ok = status == CellStatus.OK
     cols = jnp.arange(next_pow2(order + 1))
     out = jnp.zeros((block_cells, cols.shape[0]), zero.dtype)
     for k in range(order + 1):
-        m_k = jnp.where(ok, jnp.where(affine, af[k], gl[k]), zero)
+        m_k = jnp.where(ok, jnp.where(closed_form, af[k], gl[k]), zero)
         out = jnp.where(cols[None, :] == k, m_k[:, None], out)
     plt.store(m_ref.at[cells[:, None], cols[None, :]], out,
               mask=live[:, None] & (cols[None, :] <= order))
@@ -481,6 +484,8 @@ def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 16,
     if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
         hess, x, g = (nonempty(a) for a in (hess, x, g))
     dtype = compute_dtype(hess.dtype)
+    if v.shape[0] == 0:  # no directions: no launch
+        return jnp.zeros(v.shape, dtype)
     n, r, _ = hess.shape
     p_m, p_g = x.shape[1], g.shape[1]
     programs, steps = _grid(n, block_rows, target_programs)

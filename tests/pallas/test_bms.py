@@ -92,6 +92,12 @@ class TestBmsKernels(KernelTests):
         err = np.abs(np.asarray(moments) - np.asarray(expected))
         assert np.all(err <= tol(np.float64, "kernel") * scale), float(np.max(err / scale))
 
+    def test_cell_moments_of_narrow_affine_cells_match_mpmath(self):
+        lo, hi, coeffs, expected = tables.cells_array(tables.NARROW_AFFINE_CELLS)
+        moments, status = bms.cell_moments(lo, hi, coeffs, order=15, backend=self.backend)
+        assert not np.any(np.asarray(status))
+        assert_close(moments, expected, rtol=tol(np.float64, "oracle"))
+
     @pytest.mark.parametrize("block_cells", [4, 8])
     def test_row_derivatives_match_reference(self, block_cells):
         # one row per program, cells in chunks of block_cells: rows of 9 cells (3 or 2
