@@ -47,16 +47,18 @@ def load() -> dict[tuple[str, str], list[dict]]:
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
-    return str(value)
+    return "" if value is None else str(value)
+
+
+def _timed(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "median_ms" in r]
 
 
 def table(rows: list[dict]) -> str:
     ratio_keys = sorted({k for r in rows for k in r if k.startswith("speedup")})
     header = ["case", "shape", "dtype", "backend", *(h for _, h in SHOWN), *ratio_keys]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        if "median_ms" not in r:
-            continue
+    for r in _timed(rows):
         tput = r.get("throughput")
         cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"], r["backend"],
                  _fmt(r["median_ms"]),
@@ -67,15 +69,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> bool:
+def _image(device: str, module: str) -> Path:
+    return IMAGES / f"{device}-{module}.png"
+
+
+def plot(timed: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    timed = [r for r in rows if "median_ms" in r]
-    if not timed:
-        return False
     labels = [f"{r['case']} {r['dtype']} {r['backend']}" for r in timed]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(timed) + 1.2))
     ax.barh(range(len(timed)), [r["median_ms"] for r in timed])
@@ -87,11 +90,17 @@ def plot(rows: list[dict], path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
-    return True
 
 
-def render() -> str:
-    groups = load()
+def write_plots(groups: dict[tuple[str, str], list[dict]]) -> None:
+    """One bar chart of median times per (device, module) with timed rows."""
+    for (device, module), rows in groups.items():
+        if timed := _timed(rows):
+            plot(timed, _image(device, module))
+
+
+def render(groups: dict[tuple[str, str], list[dict]]) -> str:
+    """The page's markdown; it links the images of :func:`write_plots`."""
     parts = [INTRO]
     if not groups:
         parts.append("No results are committed yet.\n")
@@ -105,12 +114,14 @@ def render() -> str:
             note += f"; in-run copy bandwidth {copy:.0f} GB/s"
         parts.append(note + "\n")
         parts.append(table(rows) + "\n")
-        image = IMAGES / f"{device}-{module}.png"
-        if plot(rows, image):
-            parts.append(f"![{module} on {meta['device']}](img/benchmarks/{image.name})\n")
+        if _timed(rows):
+            image = _image(device, module).relative_to(PAGE.parent)
+            parts.append(f"![{module} on {meta['device']}]({image})\n")
     return "\n".join(parts)
 
 
 if __name__ == "__main__":
-    PAGE.write_text(render())
+    results = load()
+    write_plots(results)
+    PAGE.write_text(render(results))
     print(f"wrote {PAGE.relative_to(ROOT)}")

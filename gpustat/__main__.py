@@ -18,6 +18,7 @@ from gpustat._backend import (
     cuda_gpu_available,
     resolve_backend,
 )
+from gpustat.demos import demo_modules, demo_names
 
 _PACKAGES = ("jax", "jaxlib", "numpy", "scipy", "optax", "jaxtyping", "triton", "jax-triton")
 
@@ -65,19 +66,15 @@ def _format_table(rows) -> str:
 
 
 def demo(backend: str, only: list[str] | None, small: bool) -> list:
-    """Run every registered demo through ``backend`` ("auto": the kernels on a GPU,
-    the reference and interpret mode elsewhere) and return the rows."""
-    from gpustat.demos import demo_modules
-
+    """Run the demos of ``only`` (default: all) through ``backend`` ("auto": the kernels
+    on a GPU, the reference and interpret mode elsewhere) and return the rows."""
     if backend == "auto":
         backends = ["pallas"] if cuda_gpu_available() else ["reference", "interpret"]
     else:
         resolve_backend(backend, op="demo")
         backends = [backend]
     rows = []
-    for module in demo_modules():
-        if only and module.CAPABILITY not in only:
-            continue
+    for module in demo_modules(only):
         for name in backends:
             print(f"running {module.CAPABILITY} [{name}] ...", file=sys.stderr, flush=True)
             rows += module.run(name, small)
@@ -86,6 +83,18 @@ def demo(backend: str, only: list[str] | None, small: bool) -> list:
 
 def _benchmark_modules(root: Path) -> list[str]:
     return sorted(p.stem.removeprefix("bench_") for p in (root / "benchmarks").glob("bench_*.py"))
+
+
+def _require_cuda_gpu(modules: list[str]) -> None:
+    """Exit unless JAX runs on a CUDA GPU: elsewhere the benchmarks would time
+    something other than the compiled kernels and record it as results."""
+    if not cuda_gpu_available():
+        devices = sorted({f"{d.platform}:{d.device_kind}" for d in jax.devices()})
+        raise SystemExit(
+            f"error: benchmarks of {modules} need a CUDA GPU, but JAX's default backend is "
+            f"{jax.default_backend()!r} with devices {devices}; nothing was run or recorded. "
+            "`python -m gpustat demo` runs the reference and interpret mode here (some "
+            "benchmarks/bench_<module>.py scripts document a CPU smoke run).")
 
 
 def bench(modules: list[str], quick: bool, out: Path | None) -> None:
@@ -98,6 +107,7 @@ def bench(modules: list[str], quick: bool, out: Path | None) -> None:
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise SystemExit(f"no benchmarks for {unknown}; known modules: {known}")
+    _require_cuda_gpu(names)
     sys.path.insert(0, str(root))
     failed = []
     for name in names:
@@ -113,13 +123,17 @@ def bench(modules: list[str], quick: bool, out: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpustat", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpustat", description=__doc__,
+                                     epilog="64-bit types are on unless GPUSTAT_X32=1.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, devices, backends, which kernels run here")
     p_demo = sub.add_parser("demo", help="every capability end to end on small synthetic data")
     p_demo.add_argument("--backend", default="auto",
-                        choices=["auto", "pallas", "reference", "interpret"])
-    p_demo.add_argument("--only", nargs="+", metavar="MODULE", help="run these capabilities")
+                        choices=["auto", "pallas", "reference", "interpret"],
+                        help="auto (default): the kernels on a CUDA GPU, else the reference "
+                             "and interpret mode")
+    p_demo.add_argument("--only", nargs="+", metavar="MODULE", choices=demo_names(),
+                        help=f"run these capabilities: {', '.join(demo_names())}")
     p_demo.add_argument("--full", action="store_true", help="larger sizes")
     p_bench = sub.add_parser("bench", help="benchmarks of one module (or 'all')")
     p_bench.add_argument("modules", nargs="+", metavar="module")

@@ -1,4 +1,4 @@
-"""The command line: info, demo (and its clear error), bench argument checks."""
+"""The command line: info, demo (and its clear errors), bench argument and device checks."""
 
 import subprocess
 import sys
@@ -40,3 +40,17 @@ def test_demo_pallas_without_gpu_is_a_clear_error():
 def test_bench_unknown_module():
     with pytest.raises(SystemExit, match="no benchmarks for"):
         cli.bench(["nosuchmodule"], quick=True, out=None)
+
+
+def test_demo_unknown_capability_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--only", "numerics", "nosuchmodule"])
+    assert exit_info.value.code == 2
+    assert "argument --only: invalid choice: 'nosuchmodule'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(cuda_gpu_available(), reason="this machine has a GPU")
+def test_bench_without_gpu_exits_before_running_or_recording(tmp_path):
+    with pytest.raises(SystemExit, match=r"benchmarks of \['piecewise'\] need a CUDA GPU"):
+        cli.bench(["piecewise"], quick=True, out=tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -18,7 +18,7 @@ from types import ModuleType
 import jax
 import numpy as np
 
-__all__ = ["DemoRow", "demo_modules", "max_rel_error", "timed"]
+__all__ = ["DemoRow", "demo_modules", "demo_names", "max_rel_error", "timed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +33,15 @@ class DemoRow:
     note: str = ""
 
 
-def demo_modules() -> list[ModuleType]:
-    """Every demo module in this package, in name order."""
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
-    return [importlib.import_module(f"{__name__}.{name}") for name in names]
+def demo_names() -> list[str]:
+    """Names of the demo modules in this package (their ``CAPABILITY``), sorted; imports none."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def demo_modules(names: list[str] | None = None) -> list[ModuleType]:
+    """The demo modules called ``names`` (default: all), in name order."""
+    chosen = [name for name in demo_names() if names is None or name in names]
+    return [importlib.import_module(f"{__name__}.{name}") for name in chosen]
 
 
 def timed(fn: Callable, *args, repeats: int = 3):
