@@ -254,7 +254,7 @@ class PiecewisePolynomial:
             raise TypeError(f"ppoly must be a scipy.interpolate.PPoly or BPoly, got "
                             f"{type(ppoly).__name__}")
         mode = {True: "extend", False: "nan", "periodic": "periodic"}[ppoly.extrapolate]
-        x, c = np.asarray(ppoly.x, np.float64), np.asarray(ppoly.c, np.float64)
+        x, c = np.asarray(ppoly.x, np.float64), _real_float64(ppoly.c, "ppoly.c")
         if x.size > 1 and x[-1] < x[0]:
             shifts = (x[1:] - x[:-1]).reshape((-1,) + (1,) * (c.ndim - 2))
             c, x = _taylor_shift(c, shifts)[:, ::-1], x[::-1]
@@ -287,11 +287,11 @@ class PiecewisePolynomial:
             aos: layout of ``coeffs``.
             dtype: result dtype (default: ``coeffs``' floating dtype).
         """
-        global_coeffs = np.asarray(coeffs, dtype=np.float64)
+        global_coeffs = _real_float64(coeffs, "coeffs")
         if global_coeffs.ndim != 2:
             raise ValueError(f"coeffs must be 2-D, got {global_coeffs.shape=}")
         soa = aos_to_soa(global_coeffs) if aos else global_coeffs
-        points = np.asarray(partition_points, dtype=np.float64)
+        points = _real_float64(partition_points, "partition_points")
         if points.shape != (soa.shape[1] + 1,):
             raise ValueError(f"partition_points must have shape (P+1,) = ({soa.shape[1] + 1},), "
                              f"got {points.shape=}")
@@ -311,6 +311,14 @@ class PiecewisePolynomial:
         points = np.asarray(self.breakpoints, np.float64)
         global_coeffs = _taylor_shift(np.asarray(self.coeffs, np.float64), -points[:-1])
         return (soa_to_aos(global_coeffs) if aos else global_coeffs), points
+
+
+def _real_float64(value, name: str) -> np.ndarray:
+    """``value`` as a float64 numpy array; complex input is a TypeError, not a silent cast."""
+    array = np.asarray(value)
+    if np.iscomplexobj(array):
+        raise TypeError(f"{name} must be real, got {name}.dtype={array.dtype}")
+    return array.astype(np.float64)
 
 
 def _check_order(nu, name: str) -> None:

@@ -6,7 +6,8 @@ breakpoints) on its domain, with one extra piece on each side holding the
 function's asymptote. Domains end where the asymptote is within ~4e-8 of the
 function (e.g. 20 e^-20 for SiLU), so the jump onto a tail is below the P = 256
 fit error (e.g. GELU -> 0 on the left and x on the right), which
-"extend" continues to +-inf. The result is an ordinary
+"extend" continues to +-inf; only exp's jump, e^-18 = 1.5e-8, is twice its
+P = 256 fit error. The result is an ordinary
 :class:`~gpustat.piecewise.PiecewisePolynomial`: evaluate it with ``pp(x)``.
 """
 
@@ -56,7 +57,7 @@ def activation(name: str, num_pieces: int = 256, degree: int = 3,
     Args:
         name: one of :data:`ACTIVATIONS`.
         num_pieces: P, pieces on the fitted domain (two tail pieces are added).
-        degree: D.
+        degree: D (at least 1 for gelu, silu and softplus: their right asymptote is x).
         dtype: coefficient dtype (float32 or float64).
 
     Returns:
@@ -68,9 +69,14 @@ def activation(name: str, num_pieces: int = 256, degree: int = 3,
     """
     if name not in ACTIVATIONS:
         raise ValueError(f"name must be one of {sorted(ACTIVATIONS)}, got {name=!r}")
+    spec = ACTIVATIONS[name]
+    degree = check_int(degree, "degree", 0)
+    tail_degree = max(len(t) - 1 for t in (spec.left_tail, spec.right_tail) if t is not None)
+    if degree < tail_degree:  # the tail pieces hold the asymptotes
+        raise ValueError(f"degree must be >= {tail_degree} for {name!r} (the degree of its "
+                         f"asymptotes), got {degree=}")
     # the cached object is shared: PiecewisePolynomial is immutable
-    return _fitted(name, check_int(num_pieces, "num_pieces", 1), check_int(degree, "degree", 0),
-                   jnp.dtype(dtype).name)
+    return _fitted(name, check_int(num_pieces, "num_pieces", 1), degree, jnp.dtype(dtype).name)
 
 
 @functools.lru_cache(maxsize=64)

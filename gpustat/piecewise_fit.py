@@ -7,8 +7,10 @@ polynomial is found in s, then rescaled to the local coordinate u = x - a:
   within a factor (2/pi) log D + 1 of the best uniform approximation;
 * ``"lstsq"``: least squares on max(4(D+1), 16) equispaced samples;
 * ``"hermite"`` (odd D): value and the first (D-1)/2 derivatives match at both
-  ends, so the result is C^((D-1)/2); derivatives come from a degree-(2D+9)
-  Chebyshev interpolant of f on each piece;
+  ends, so the result is C^((D-1)/2): f itself at every knot, and derivatives
+  from Chebyshev interpolants of f on the two pieces beside the knot (degree
+  doubled from 16 up to 256 until the series converges), averaged, so both
+  pieces share them;
 * ``"chord"``: interpolation at D+1 equispaced points including both ends
   (continuous; D = 1 is the chord).
 
@@ -25,13 +27,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpustat.piecewise import PiecewisePolynomial, _taylor_shift
+from gpustat._checks import check_int
+from gpustat.piecewise import PiecewisePolynomial, _real_float64, _taylor_shift
 
 __all__ = ["FIT_METHODS", "PiecewiseFit", "fit_piecewise"]
 
 FIT_METHODS = ("chebyshev", "lstsq", "hermite", "chord")
 _ERROR_SAMPLES = 65  # equispaced points per piece for the max-error estimate
 _ADAPTIVE_ROUNDS = 12
+_DERIVATIVE_DEGREES = (16, 32, 64, 128, 256)  # Chebyshev degrees tried for knot derivatives
 
 
 class PiecewiseFit(NamedTuple):
@@ -56,25 +60,84 @@ def _sample_nodes(method: str, degree: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, degree + 1)
 
 
-def _call(f: Callable, x: np.ndarray) -> np.ndarray:
-    y = np.asarray(f(x), dtype=np.float64)
-    if y.shape != x.shape:
-        raise ValueError(f"f must map an array to one of the same shape, got {x.shape=} -> "
-                         f"{y.shape=}")
-    if not np.all(np.isfinite(y)):
-        raise ValueError("f returned non-finite values on [lo, hi]")
+def _values(f: Callable, x: np.ndarray) -> np.ndarray:
+    """f at every x: one vectorised call, else one call a point (f of a scalar only)."""
+    try:
+        y = np.asarray(f(x))
+    except (TypeError, ValueError):  # e.g. math.exp, or ``if x > 0`` on an array
+        y = None
+    if y is None or y.ndim == 0:
+        y = np.array([f(float(v)) for v in x.ravel()]).reshape(x.shape)
     return y
 
 
-def _endpoint_derivatives(f: Callable, a: float, b: float, orders: int) -> np.ndarray:
-    """(2, orders) derivatives 0..orders-1 at a and b, from a Chebyshev interpolant."""
-    interp = np.polynomial.Chebyshev.interpolate(lambda t: _call(f, t), 2 * orders + 11,
-                                                 domain=[a, b])
-    out = np.empty((2, orders))
-    for r in range(orders):
-        d = interp.deriv(r) if r else interp
-        out[:, r] = d(np.array([a, b]))
-    return out
+def _call(f: Callable, x: np.ndarray) -> np.ndarray:
+    y = _real_float64(_values(f, x), "f(x)")
+    if y.shape != x.shape:
+        raise ValueError(f"f must map an array to one of the same shape, got {x.shape=} -> "
+                         f"{y.shape=}")
+    bad = np.flatnonzero(~np.isfinite(y))
+    if bad.size:
+        raise ValueError(f"f returned non-finite values on [lo, hi]: f(x)={y.flat[bad[0]]} at "
+                         f"x={float(x.flat[bad[0]])!r} ({bad.size} of {y.size} samples)")
+    return y
+
+
+def _chebyshev_series(f: Callable, starts: np.ndarray, ends: np.ndarray,
+                      degree: int) -> np.ndarray:
+    """(P, degree+1) Chebyshev coefficients of f's interpolant at the first-kind points of
+    each piece [start, end] (the discrete cosine transform of the samples)."""
+    n = degree + 1
+    angles = (np.arange(n) + 0.5) * np.pi / n
+    mid, half = 0.5 * (starts + ends), 0.5 * (ends - starts)
+    values = _call(f, mid[:, None] + half[:, None] * np.cos(angles)[None, :])
+    series = values @ np.cos(np.outer(angles, np.arange(n))) * (2.0 / n)
+    series[:, 0] *= 0.5
+    return series
+
+
+def _end_derivatives(series: np.ndarray, widths: np.ndarray,
+                     orders: int) -> tuple[np.ndarray, np.ndarray]:
+    """Derivatives 1..orders-1 of each piece's Chebyshev series at its left and right
+    ends, (orders-1, P) each: T_j^(r)(+-1) = (+-1)^(j+r) prod_{m<r} (j^2 - m^2) / (2m+1)."""
+    j = np.arange(series.shape[1])
+    at_one = np.ones(j.shape)
+    left, right = [], []
+    for r in range(1, orders):
+        at_one = at_one * (j**2 - (r - 1) ** 2) / (2 * r - 1)
+        scale = (2.0 / widths) ** r
+        right.append(series @ at_one * scale)
+        left.append(series @ (at_one * (-1.0) ** (j + r)) * scale)
+    return np.array(left), np.array(right)
+
+
+def _knot_derivatives(f: Callable, bp: np.ndarray, orders: int) -> np.ndarray:
+    """(orders, P+1): f and its derivatives 1..orders-1 at every knot, one value per knot
+    for both pieces beside it (so the Hermite fit is C^(orders-1) by construction)."""
+    widths = np.diff(bp)
+    left = np.zeros((orders - 1, widths.size))
+    right = np.zeros_like(left)
+    todo = np.arange(widths.size if orders > 1 else 0)
+    for series_degree in _DERIVATIVE_DEGREES:
+        if not todo.size:
+            break
+        series = _chebyshev_series(f, bp[todo], bp[todo + 1], series_degree)
+        left[:, todo], right[:, todo] = _end_derivatives(series, widths[todo], orders)
+        # converged once the last terms are at rounding level
+        scale = np.max(np.abs(series), axis=1)
+        todo = todo[np.max(np.abs(series[:, -4:]), axis=1) > 1e-14 * scale]
+    knots = np.empty((orders, bp.shape[0]))
+    knots[0] = _call(f, bp)
+    knots[1:, 0], knots[1:, -1] = left[:, 0], right[:, -1]
+    knots[1:, 1:-1] = 0.5 * (right[:, :-1] + left[:, 1:])
+    return knots
+
+
+def _hermite_system(degree: int, orders: int) -> np.ndarray:
+    """d^r/ds^r of s^p (p = D..0) at s = 0 (first ``orders`` rows) and s = 1."""
+    powers = np.arange(degree, -1, -1)
+    return np.array([[math.perm(p, r) * end ** (p - r) if p >= r else 0.0 for p in powers]
+                     for end in (0.0, 1.0) for r in range(orders)])
 
 
 def _fit_pieces(f: Callable, bp: np.ndarray, degree: int, method: str) -> np.ndarray:
@@ -83,17 +146,10 @@ def _fit_pieces(f: Callable, bp: np.ndarray, degree: int, method: str) -> np.nda
     powers = np.arange(degree, -1, -1)
     if method == "hermite":
         orders = (degree + 1) // 2
-        rows = []  # d^r/ds^r of s^p at s = 0 and s = 1
-        for end in (0.0, 1.0):
-            for r in range(orders):
-                rows.append([math.perm(p, r) * end ** (p - r) if p >= r else 0.0 for p in powers])
-        system = np.array(rows)
-        rhs = np.empty((2 * orders, bp.shape[0] - 1))
-        for i in range(bp.shape[0] - 1):
-            d = _endpoint_derivatives(f, bp[i], bp[i + 1], orders)
-            scale = widths[i] ** np.arange(orders)
-            rhs[:, i] = np.concatenate([d[0] * scale, d[1] * scale])
-        coeffs_s = np.linalg.solve(system, rhs)
+        knots = _knot_derivatives(f, bp, orders)
+        scale = widths[None, :] ** np.arange(orders)[:, None]  # d/ds = h d/dx
+        rhs = np.concatenate([knots[:, :-1] * scale, knots[:, 1:] * scale])
+        coeffs_s = np.linalg.solve(_hermite_system(degree, orders), rhs)
     else:
         s = _sample_nodes(method, degree)
         values = _call(f, bp[:-1, None] + widths[:, None] * s[None, :])  # (P, m)
@@ -102,16 +158,24 @@ def _fit_pieces(f: Callable, bp: np.ndarray, degree: int, method: str) -> np.nda
     return coeffs_s / widths[None, :] ** powers[:, None]
 
 
-def _piece_errors(f: Callable, bp: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
-    """Max |p - f| on each piece over equispaced samples (both ends included)."""
-    widths = np.diff(bp)
-    s = np.linspace(0.0, 1.0, _ERROR_SAMPLES)
-    u = widths[:, None] * s[None, :]
+def _abs_errors(f: Callable, bp: np.ndarray, coeffs: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """|p - f| at the fractions s (P, m) of each piece."""
+    u = np.diff(bp)[:, None] * s
     x = bp[:-1, None] + u
     approx = np.zeros_like(x)
     for c in coeffs:
         approx = approx * u + c[:, None]
-    return np.max(np.abs(approx - _call(f, x)), axis=1)
+    return np.abs(approx - _call(f, x))
+
+
+def _piece_errors(f: Callable, bp: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
+    """Max |p - f| on each piece: over equispaced samples (both ends included), then over
+    as many again between the two neighbours of each piece's largest sample."""
+    s = np.linspace(0.0, 1.0, _ERROR_SAMPLES)
+    coarse = _abs_errors(f, bp, coeffs, np.broadcast_to(s, (bp.shape[0] - 1, s.shape[0])))
+    around = s[np.argmax(coarse, axis=1), None] + (s - 0.5) * (2.0 / (_ERROR_SAMPLES - 1))
+    fine = _abs_errors(f, bp, coeffs, np.clip(around, 0.0, 1.0))
+    return np.maximum(coarse.max(axis=1), fine.max(axis=1))
 
 
 def _equidistribute(bp: np.ndarray, errors: np.ndarray, degree: int) -> np.ndarray:
@@ -129,6 +193,8 @@ def _tail_piece(coeffs_global: Sequence[float], knot: float, degree: int) -> np.
     if c.ndim != 1 or c.shape[0] > degree + 1 or c.shape[0] == 0:
         raise ValueError(f"each tail must be 1 to D+1 = {degree + 1} global coefficients, got "
                          f"shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"tails must be finite, got {c}")
     c = np.concatenate([np.zeros(degree + 1 - c.shape[0]), c])[:, None]
     return _taylor_shift(c, np.array([knot]))[:, 0]
 
@@ -138,10 +204,8 @@ def _check_args(f, lo, hi, num_pieces, degree, method, breakpoints) -> np.ndarra
         raise TypeError(f"f must be callable, got {type(f).__name__}")
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"need finite lo < hi, got {lo=}, {hi=}")
-    if not isinstance(num_pieces, int | np.integer) or num_pieces < 1:
-        raise ValueError(f"num_pieces must be an int >= 1, got {num_pieces=!r}")
-    if not isinstance(degree, int | np.integer) or degree < 0:
-        raise ValueError(f"degree must be an int >= 0, got {degree=!r}")
+    check_int(num_pieces, "num_pieces", 1)
+    check_int(degree, "degree", 0)
     if method not in FIT_METHODS:
         raise ValueError(f"method must be one of {FIT_METHODS}, got {method=!r}")
     if method == "hermite" and degree % 2 == 0:
@@ -171,8 +235,8 @@ def fit_piecewise(f: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, n
     """Fit a degree-D piecewise polynomial to ``f`` on [lo, hi] (host, float64).
 
     Args:
-        f: vectorised function of a float64 numpy array (same shape out), finite
-            on [lo, hi].
+        f: real function, finite on [lo, hi]: vectorised (a float64 numpy array in,
+            the same shape out), or else called once a point with a float.
         lo, hi: finite interval ends, lo < hi.
         num_pieces: P, pieces inside [lo, hi].
         degree: D (odd for "hermite").
@@ -188,12 +252,14 @@ def fit_piecewise(f: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, n
         dtype: dtype of the returned coefficients (the fit itself is float64).
 
     Returns:
-        ``PiecewiseFit(pp, max_error)``: max |p - f| over 65 equispaced points per
-        piece on [lo, hi], evaluated in float64 before any cast to ``dtype``.
+        ``PiecewiseFit(pp, max_error)``: max |p - f| on [lo, hi] over 65 equispaced
+        points per piece and 65 more between the neighbours of each piece's largest
+        one, evaluated in float64 before any cast to ``dtype``.
 
     Raises:
         ValueError: bad sizes, interval, method, breakpoints or tails, or f not
-            finite on the samples. TypeError: f not callable.
+            finite on the samples (the message names the first such x).
+        TypeError: f not callable or complex-valued.
     """
     given = _check_args(f, lo, hi, num_pieces, degree, method, breakpoints)
     lo, hi = float(lo), float(hi)
@@ -201,8 +267,9 @@ def fit_piecewise(f: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, n
     coeffs = _fit_pieces(f, bp, degree, method)
     errors = _piece_errors(f, bp, coeffs)
     if isinstance(breakpoints, str) and breakpoints == "adaptive":
-        for _ in range(_ADAPTIVE_ROUNDS):
-            trial_bp = _equidistribute(bp, errors, degree)
+        trial_bp, trial_errors = bp, errors
+        for _ in range(_ADAPTIVE_ROUNDS):  # each round from the last trial, not the best
+            trial_bp = _equidistribute(trial_bp, trial_errors, degree)
             trial = _fit_pieces(f, trial_bp, degree, method)
             trial_errors = _piece_errors(f, trial_bp, trial)
             if trial_errors.max() < errors.max():
