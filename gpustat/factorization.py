@@ -132,6 +132,8 @@ def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
     if w.ndim not in (1, 2):
         raise ValueError(f"{op}: w must be (p,) or, multiclass, (c, p), got {w.shape=}")
     classes = w.shape[:-1]
+    if classes == (0,):
+        raise ValueError(f"{op}: w must have at least one class, got {w.shape=}")
     w0 = jnp.asarray(w0)
     V = jnp.asarray(V)
     R = None if R is None else jnp.asarray(R)

@@ -193,6 +193,8 @@ def test_field_ids_out_of_range(model, bad):
 
 def test_shape_mismatches_raise_value_error():
     w0, w, V = _args("fm")
+    with pytest.raises(ValueError, match="w must have at least one class"):  # c = 0 crashed
+        fz.fm_predict(X, w0[None][:0], w[None][:0], V[None][:0], backend="interpret")
     with pytest.raises(ValueError, match="w must have p=11"):
         fz.fm_predict(X, w0, w[:-1], V, backend="reference")
     with pytest.raises(ValueError, match="V must have shape"):
