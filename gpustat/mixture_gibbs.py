@@ -222,9 +222,12 @@ def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components,
     prior = NIWPrior.weak(X) if component_prior is None else component_prior
     prior = jax.tree.map(lambda a: jnp.asarray(a, dtype), prior)
     prior = dataclasses.replace(prior, mean=prior.mean - shift)
-    keys = jax.random.split(key, n_chains)
+    # separate streams for the seeding and the chains: initialize splits its key into
+    # one per restart, which were the chains' own keys when both came from ``key``
+    init_key, chains_key = jax.random.split(key)
+    keys = jax.random.split(chains_key, n_chains)
     if init is None:
-        starts = initialize(key, Xc, n_components, method="k-means++", n_init=n_chains,
+        starts = initialize(init_key, Xc, n_components, method="k-means++", n_init=n_chains,
                             reg_covar=1e-6)
         starts = jax.vmap(lambda s: MixtureParams.from_covariances(
             s.weights, s.means, s.covariances + jnp.diag(jnp.diag(prior.scale)), "full"))(starts)

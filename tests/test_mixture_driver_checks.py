@@ -157,3 +157,27 @@ def test_estimator_passes_scikit_learns_checks():
               if r["status"] == "failed"]
     assert not failed, failed
     assert issubclass(mixture.ConvergenceWarning, sklearn.exceptions.ConvergenceWarning)
+
+
+def test_gibbs_seeding_and_chains_draw_from_separate_keys(data, monkeypatch):
+    """The k-means++ seeding split ``key`` into one key per restart, the very keys the
+    chains then ran on: each chain's start and sweeps came from one stream."""
+    from gpustat import mixture_gibbs
+
+    seen = []
+
+    def spy(key, *args, **kwargs):  # records the restart keys when the program runs
+        restart_keys = jax.random.key_data(jax.random.split(key, kwargs["n_init"]))
+        jax.debug.callback(lambda k: seen.append(np.asarray(k)), restart_keys)
+        return initialize(key, *args, **kwargs)
+
+    initialize = mixture_gibbs.initialize
+    monkeypatch.setattr(mixture_gibbs, "initialize", spy)
+    key = jax.random.key(3)
+    jax.block_until_ready(mixture.fit_gibbs(key, data, 2, n_sweeps=1, n_chains=1,
+                                            backend="reference"))
+    seeding = np.asarray(seen[0])
+    # the chains' keys are a split of what is left of ``key`` (any split will do): none of
+    # the seeding's per-restart keys may be among the keys ``key`` itself splits into
+    assert not np.any(np.all(seeding[:, None] == np.asarray(
+        jax.random.key_data(jax.random.split(key, 1)))[None], axis=-1))
