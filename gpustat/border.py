@@ -36,7 +36,10 @@ from gpustat.reference.border import (
     STATUS_OK,
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
+    gershgorin_bounds,
+    gershgorin_ridge_bump,
     solve_border_reference,
+    symmetric_from_lower,
 )
 
 __all__ = [
@@ -55,6 +58,10 @@ _INDEX_LIMIT = 2**31 - 2  # kernels index packed arrays (plus one spare slot) in
 
 
 def _check_real(name: str, x) -> jax.Array:
+    if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
+        # jnp.asarray would silently round it to float32
+        raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
+                        f"jax.config.update('jax_enable_x64', True) first, or pass float32")
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
         raise TypeError(f"{name} must be a real floating (or integer) array, got {x.dtype=}")
@@ -69,6 +76,18 @@ def _atom_index(a, b: int) -> int:
     if not -b <= a < b:
         raise IndexError(f"atom index {a} out of range for {b} atoms")
     return a % b
+
+
+def _atom_indices(atoms, b: int) -> np.ndarray:
+    """:func:`_atom_index` of every entry of the 1-D integer sequence ``atoms``."""
+    atoms = np.asarray(atoms)
+    if atoms.ndim != 1 or not (atoms.size == 0 or np.issubdtype(atoms.dtype, np.integer)):
+        raise TypeError(f"atoms must be a 1-D integer sequence, got {atoms.dtype=}, "
+                        f"{atoms.shape=}")
+    outside = (atoms < -b) | (atoms >= b)
+    if np.any(outside):
+        raise IndexError(f"atom index {atoms[outside][0]} out of range for {b} atoms")
+    return atoms.astype(np.int64) % max(b, 1)
 
 
 @jax.tree_util.register_dataclass
@@ -120,7 +139,8 @@ class BorderBatch:
         Raises:
             ValueError: lists of different lengths, mismatched shapes, non-uniform ``d``,
                 ``d`` not an integer >= 1, ``k_a > 32``.
-            TypeError: complex or boolean arrays.
+            TypeError: complex or boolean arrays, or float64 arrays while
+                ``jax_enable_x64`` is off (they would be rounded to float32).
         """
         if d is not None:
             d = check_int(d, "d", 1)
@@ -190,8 +210,14 @@ class BorderBatch:
                 self.g_b[b0:b0 + k])
 
     def subset(self, atoms) -> BorderBatch:
-        """The batch of atoms ``atoms`` (host-side index array), in that order."""
-        atoms = np.asarray(atoms, dtype=np.int64)
+        """The batch of atoms ``atoms`` (host-side 1-D integer sequence; negative indices
+        count from the end), in that order.
+
+        Raises:
+            IndexError: an index outside ``[-b, b)``.
+            TypeError: ``atoms`` not a 1-D integer sequence.
+        """
+        atoms = _atom_indices(atoms, self.num_atoms)
         lay = self.layout
         return BorderBatch(self.H_tt[lay.row_index(atoms)], self.H_tb[lay.cross_index(atoms)],
                            self.g_t[lay.row_index(atoms)], self.H_bb[lay.hbb_index(atoms)],
@@ -245,7 +271,8 @@ class BorderSolution:
             inputs whose unridged Schur complement, a row sum of its absolute values, or
             reduced right-hand side overflowed).
         row: ``(b,)`` int32 first failing atom-local row for status 1, else -1.
-        bump: ``(b,)`` suggested ridge increase: for ``ridge_t`` when status 1, for
+        bump: ``(b,)`` suggested ridge increase: for ``ridge_t`` when status 1 (that of
+            row ``row``: a later row may need more, which :func:`retry_failed` adds), for
             ``ridge_beta`` when status 2 (Gershgorin rule of spec B.5), else 0.
         layout: the batch's static layout.
     """
@@ -273,7 +300,8 @@ class BorderSolution:
 
 
 def _atom_ridges(name: str, ridge, b: int, dtype) -> jax.Array:
-    """Scalar or ``(b,)`` ridge as ``(b,)``; concrete values must be finite and >= 0."""
+    """Scalar or ``(b,)`` ridge as ``(b,)`` in ``dtype``; concrete values must be finite (also
+    in ``dtype``: 1e39 overflows float32) and >= 0."""
     ridge = jnp.asarray(ridge)
     if ridge.ndim not in (0, 1) or (ridge.ndim == 1 and ridge.shape != (b,)):
         raise ValueError(f"{name} must be a scalar or shape ({b},), got {ridge.shape=}")
@@ -281,9 +309,11 @@ def _atom_ridges(name: str, ridge, b: int, dtype) -> jax.Array:
         raise TypeError(f"{name} must be real, got {ridge.dtype=}")
     if not isinstance(ridge, jax.core.Tracer):
         values = np.asarray(ridge, dtype=np.float64)
-        if not np.all(np.isfinite(values) & (values >= 0)):
-            raise ValueError(f"{name} must be finite and >= 0, got min {values.min(initial=0)}"
-                             f" (non-finite: {int(np.sum(~np.isfinite(values)))})")
+        finite = np.isfinite(values) & np.isfinite(np.asarray(ridge.astype(dtype)))
+        if not np.all(finite & (values >= 0)):
+            raise ValueError(f"{name} must be finite and >= 0 in {jnp.dtype(dtype).name}, got "
+                             f"min {values.min(initial=0)}, max {values.max(initial=0)} "
+                             f"(non-finite: {int(np.sum(~finite))})")
     return jnp.broadcast_to(ridge.astype(dtype), (b,))
 
 
@@ -335,11 +365,31 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
     return BorderSolution(*out, layout=layout)
 
 
+def _failing_rows_bump(batch: BorderBatch, atoms: np.ndarray, ridge_t: np.ndarray):
+    """Largest spec-B.5 bump over the rows of each atom ``atoms`` that are not positive
+    definite at its ``ridge_t`` (``(len(atoms),)``, host-side). The solution's ``bump``
+    covers only the first failing row, but the ridge is shared by all of an atom's rows."""
+    sub = batch.subset(atoms)
+    d, n_rows = sub.layout.d, sub.layout.n_rows
+    blocks = symmetric_from_lower(sub.H_tt.astype(compute_dtype(sub.H_tt.dtype)))
+    ridge = jnp.asarray(np.repeat(ridge_t, n_rows), blocks.dtype)
+    factor = jax.lax.linalg.cholesky(blocks + ridge[:, None, None] * jnp.eye(d, dtype=blocks.dtype),
+                                     symmetrize_input=False)
+    failing = ~jnp.all(jnp.isfinite(factor), axis=(1, 2))
+    bounds = jax.vmap(gershgorin_bounds, in_axes=(0, None))(blocks, jnp.ones(d, bool))
+    bumps = gershgorin_ridge_bump(*bounds, ridge, d, float(jnp.finfo(blocks.dtype).eps) / 2)
+    owner = np.repeat(np.arange(atoms.size), n_rows)
+    return np.asarray(jax.ops.segment_max(jnp.where(failing, bumps, 0.0), owner,
+                                          num_segments=atoms.size))
+
+
 def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_beta, *,
                  max_rounds: int = 4, backend: str = "auto"):
     """Re-solve only the atoms with status 1 or 2, each with its bumped ridge, until all pass.
 
-    Status 1 atoms retry with ``ridge_t + bump``, status 2 atoms with ``ridge_beta + bump``;
+    Status 1 atoms retry with ``ridge_t`` plus the largest bump over all their failing rows
+    (the solution's ``bump`` covers only the first, ``row``, but ``ridge_t`` is shared by the
+    atom's rows), status 2 atoms with ``ridge_beta + bump``;
     a retry can fail again (e.g. a row fixed by a minimal bump leaves an indefinite Schur
     complement), so this repeats up to ``max_rounds`` times. Status 3 (non-finite input or
     intermediate) is not retried, nor is an atom whose bump is not finite (its ridge would
@@ -382,7 +432,11 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
     lay = batch.layout
     for _ in range(check_int(max_rounds, "max_rounds", 0)):
         status = np.asarray(solution.status)
-        bump = np.asarray(solution.bump)
+        bump = np.array(solution.bump)
+        rows_failed = np.flatnonzero(status == STATUS_ROW_NOT_PD)
+        if rows_failed.size:
+            bump[rows_failed] = np.maximum(bump[rows_failed],
+                                           _failing_rows_bump(batch, rows_failed, rt[rows_failed]))
         failed = np.flatnonzero(((status == STATUS_ROW_NOT_PD) | (status == STATUS_SCHUR_NOT_PD))
                                 & np.isfinite(bump))
         if failed.size == 0:
