@@ -22,7 +22,7 @@ def make_ctr(n_rows: int, *, n_features: int = 100_000, n_fields: int = 16,
 
     Args:
         n_rows: n.
-        n_features: p (a multiple of ``n_fields``).
+        n_features: p (a positive multiple of ``n_fields``).
         n_fields: F, also the nonzeros per row.
         n_factors: rank of the planted interactions.
         zipf: exponent of the category popularity.
@@ -33,9 +33,9 @@ def make_ctr(n_rows: int, *, n_features: int = 100_000, n_fields: int = 16,
         ``(X, y, field_ids)``: (n, p) CSR float64 with F ones per row, (n,) int
         0/1 labels, (p,) field of each feature.
     """
-    if n_features % n_fields:
-        raise ValueError(f"n_features must be a multiple of n_fields, got {n_features=}, "
-                         f"{n_fields=}")
+    if n_fields < 1 or n_features < n_fields or n_features % n_fields:
+        raise ValueError("n_features must be a positive multiple of n_fields >= 1, got "
+                         f"{n_features=}, {n_fields=}")
     rng = np.random.default_rng(seed)
     per_field = n_features // n_fields
     field_ids = np.repeat(np.arange(n_fields), per_field)

@@ -11,7 +11,9 @@ first accepted proposal of an i.i.d. sequence is exactly the rejection sampler, 
 draws follow Gamma(a, 1) exactly (tests: Kolmogorov-Smirnov against scipy).
 
 Shapes below 1 use Gamma(a) = Gamma(a + 1) U^(1/a), in logarithms so that tiny shapes do
-not underflow; beta draws are G_a / (G_a + G_b) formed from the logarithms.
+not underflow; beta draws are G_a / (G_a + G_b) formed from the logarithms. Draws have the
+parameters' float dtype (integers give the default float); 16-bit parameters are drawn in
+float32 and rounded.
 
 Marsaglia, G. and Tsang, W. W. (2000), A simple method for generating gamma variables,
 ACM Trans. Math. Softw. 26(3), 363-372.
@@ -36,24 +38,26 @@ def _proposals(key, d, c, proposals):
     log_u = jnp.log(jax.random.uniform(k_u, shape, d.dtype))
     v = (1.0 + c * x) ** 3
     log_v = jnp.log(jnp.where(v > 0, v, 1.0))
-    accepted = (v > 0) & (log_u < 0.5 * x * x + d - d * v + d * log_v)
+    # d (1 - v + log v), not d - d v + d log v: 1 - v is exact near v = 1, while d - d v
+    # loses d * eps and skews the draws of large shapes (float32: a >= 1e7)
+    accepted = (v > 0) & (log_u < 0.5 * x * x + d * (1.0 - v + log_v))
     first = jnp.argmax(accepted, axis=0)
     log_draw = jnp.take_along_axis(jnp.log(d) + log_v, first[None], axis=0)[0]
     return log_draw, jnp.any(accepted, axis=0)
 
 
-def log_gamma(key, a, *, proposals: int = PROPOSALS) -> Array:
-    """log G with G ~ Gamma(a, 1) for every element of ``a`` (> 0; float dtype kept).
+def _dtypes(*params):
+    """The draws' dtype (the parameters' float dtype) and the dtype they are computed in."""
+    dtype = jnp.result_type(*params)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.result_type(float)
+    return dtype, jnp.promote_types(dtype, jnp.float32)
 
-    Args:
-        key: PRNG key.
-        a: shape parameters, any shape; an element that is not a finite positive number
-            gives NaN.
-        proposals: Marsaglia-Tsang proposals drawn per element per round.
-    """
-    a = jnp.asarray(a)
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        a = a.astype(jnp.result_type(float))
+
+def _log_gamma(key, a, proposals):
+    """log G with G ~ Gamma(a, 1), computed in ``a``'s dtype."""
+    if proposals < 1:
+        raise ValueError(f"proposals must be at least 1, got {proposals=}")
     valid = (a > 0) & jnp.isfinite(a)  # others would never accept: NaN, without a round
     boosted = a < 1
     d = jnp.where(valid, jnp.where(boosted, a + 1.0, a), 1.0) - 1.0 / 3.0
@@ -74,20 +78,39 @@ def log_gamma(key, a, *, proposals: int = PROPOSALS) -> Array:
     return jnp.where(valid, jnp.where(boosted, log_draw + log_u / a, log_draw), jnp.nan)
 
 
+def log_gamma(key, a, *, proposals: int = PROPOSALS) -> Array:
+    """log G with G ~ Gamma(a, 1) for every element of ``a`` (> 0; float dtype kept).
+
+    Args:
+        key: PRNG key.
+        a: shape parameters, any shape; an element that is not a finite positive number
+            gives NaN.
+        proposals: Marsaglia-Tsang proposals drawn per element per round (>= 1).
+    """
+    dtype, compute = _dtypes(a)
+    return _log_gamma(key, jnp.asarray(a, compute), proposals).astype(dtype)
+
+
 def gamma(key, a, *, proposals: int = PROPOSALS) -> Array:
     """G ~ Gamma(a, 1) for every element of ``a`` (see :func:`log_gamma`).
 
     Draws below the dtype's smallest normal number (likely for shapes well below 1 in
     float32) are returned as that number, not 0, as ``jax.random.gamma`` does.
     """
-    log_draw = log_gamma(key, a, proposals=proposals)
-    return jnp.maximum(jnp.exp(log_draw), jnp.finfo(log_draw.dtype).tiny)
+    dtype, compute = _dtypes(a)
+    draws = jnp.exp(_log_gamma(key, jnp.asarray(a, compute), proposals))
+    return jnp.maximum(draws, jnp.finfo(dtype).tiny).astype(dtype)
 
 
 def beta(key, a, b, *, proposals: int = PROPOSALS) -> Array:
-    """V ~ Beta(a, b) elementwise (broadcast), as G_a / (G_a + G_b) from log-gamma draws."""
-    a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b))
+    """V ~ Beta(a, b) elementwise (broadcast), as G_a / (G_a + G_b) from log-gamma draws.
+
+    The draws take the float dtype of ``a`` and ``b`` together (a Python number defers to
+    an array's dtype).
+    """
+    dtype, compute = _dtypes(a, b)
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, compute), jnp.asarray(b, compute))
     k_a, k_b = jax.random.split(key)
-    log_a = log_gamma(k_a, a, proposals=proposals)
-    log_b = log_gamma(k_b, b, proposals=proposals)
-    return jnp.exp(log_a - jnp.logaddexp(log_a, log_b))
+    log_a = _log_gamma(k_a, a, proposals)
+    log_b = _log_gamma(k_b, b, proposals)
+    return jnp.exp(log_a - jnp.logaddexp(log_a, log_b)).astype(dtype)

@@ -81,13 +81,13 @@ class DerivativeReport:
 
 def _compare(what: str, analytic, expected, tolerance: float, scale: float,
              show: int) -> Comparison:
-    """Error of each entry relative to max(|expected entry|, scale)."""
+    """Error of each entry relative to max(|expected entry|, scale); NaN on either side
+    fails, even on both: a NaN checks nothing."""
     a = np.asarray(analytic, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     if a.shape != e.shape:
         raise ValueError(f"{what}: analytic shape {a.shape} != expected shape {e.shape}")
     err = np.abs(a - e) / np.maximum(np.abs(e), scale)
-    err = np.where(np.isnan(a) & np.isnan(e), 0.0, err)
     err = np.where(np.isnan(err), np.inf, err)
     order = np.argsort(-err, axis=None)[:show]
     worst = [(tuple(int(i) for i in np.unravel_index(k, err.shape)), float(a.flat[k]),
@@ -135,7 +135,8 @@ def check_derivatives(
     Returns:
         A :class:`DerivativeReport`; ``report.ok``, ``print(report)``, ``report.assert_ok()``.
         Errors are relative to ``max(|expected|, max|expected|·1e-3)``, so entries far
-        below the largest one are judged in absolute terms.
+        below the largest one are judged in absolute terms; a NaN entry fails even where
+        the expected entry is NaN too.
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):

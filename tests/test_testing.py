@@ -51,3 +51,13 @@ def test_bad_input():
         check_derivatives(analytic, objective, jnp.array([1, 2, 3]))
     with pytest.raises(ValueError, match="analytic must return"):
         check_derivatives(lambda x: objective(x), objective, jnp.ones(3))
+
+
+def test_nan_on_both_sides_fails():
+    # sqrt at negative points: value, gradient and its references are all NaN, and the
+    # analytic gradient is wrong by a factor 6; nothing was checked, so nothing passes
+    def wrong(x):
+        return jnp.sum(jnp.sqrt(x)), 3.0 / jnp.sqrt(x)
+
+    report = check_derivatives(wrong, lambda x: jnp.sum(jnp.sqrt(x)), jnp.array([-1.0, -2.0]))
+    assert not any(c.ok for c in report.comparisons)
