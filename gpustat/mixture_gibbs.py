@@ -17,6 +17,7 @@ weights and means.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -160,7 +161,8 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
               n_chains: int = 1, init: MixtureParams | None = None, alpha: float = 1.0,
               component_prior: NIWPrior | None = None,
               weight_prior: StickBreakingPrior | None = None, sample_alpha: bool = True,
-              backend: str = "auto", precision: str = "highest") -> GibbsResult:
+              backend: str = "auto", precision: str = "highest",
+              progress: bool = False) -> GibbsResult:
     """Blocked Gibbs sampling of the truncated DP mixture, ``n_chains`` chains by vmap.
 
     Args:
@@ -177,6 +179,9 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
         sample_alpha: resample alpha every sweep.
         backend: "auto", "pallas", "reference" or "interpret" for the label/statistics ops.
         precision: float32 matmul precision of the kernels.
+        progress: show a progress bar of the sweeps (tqdm; every chain reports each sweep
+            to the host as it ends, so it costs a host callback a sweep). Eager calls
+            only: the bar closes when the draws are ready.
 
     Returns:
         :class:`GibbsResult` with (c, t, ...) traces.
@@ -195,9 +200,43 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
     if not isinstance(sticks_prior, StickBreakingPrior):
         raise TypeError(f"weight_prior must be a StickBreakingPrior or None, got "
                         f"{type(weight_prior).__name__}")
-    return _fit_gibbs_jit(key, X, init, component_prior, sticks_prior,
-                          n_components=n_components, n_sweeps=n_sweeps, n_chains=n_chains,
-                          sample_alpha=sample_alpha, path=path, precision=precision)
+    run = functools.partial(_fit_gibbs_jit, key, X, init, component_prior, sticks_prior,
+                            n_components=n_components, n_sweeps=n_sweeps, n_chains=n_chains,
+                            sample_alpha=sample_alpha, path=path, precision=precision,
+                            progress=bool(progress))
+    if not progress:
+        return run()
+    with _sweep_bar(n_sweeps, n_chains):
+        return jax.block_until_ready(run())
+
+
+# the bar the running fit_gibbs call reports to (None between calls)
+_active_bar = None
+
+
+@contextlib.contextmanager
+def _sweep_bar(n_sweeps: int, n_chains: int):
+    """A tqdm bar of ``n_sweeps`` that :func:`_report_sweep` advances while it is open."""
+    global _active_bar
+    from tqdm.auto import tqdm
+
+    with tqdm(total=n_sweeps, desc=f"Gibbs ({n_chains} chain{'s' * (n_chains > 1)})",
+              unit="sweep") as bar:
+        _active_bar = bar
+        try:
+            yield bar
+        finally:
+            _active_bar = None
+
+
+def _report_sweep(done, loglik) -> None:
+    """Host callback: ``done`` sweeps of one chain have ended (chains report separately;
+    the bar shows the furthest). ``loglik``, the sweep's output, is passed only so that
+    the report waits for the sweep."""
+    del loglik
+    bar = _active_bar
+    if bar is not None and int(done) > bar.n:
+        bar.update(int(done) - bar.n)
 
 
 def _check_init(init, X, n_components: int) -> MixtureParams:
@@ -213,9 +252,9 @@ def _check_init(init, X, n_components: int) -> MixtureParams:
 
 
 @functools.partial(jax.jit, static_argnames=("n_components", "n_sweeps", "n_chains",
-                                             "sample_alpha", "path", "precision"))
+                                             "sample_alpha", "path", "precision", "progress"))
 def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components, n_sweeps,
-                   n_chains, sample_alpha, path, precision):
+                   n_chains, sample_alpha, path, precision, progress):
     dtype = X.dtype
     shift = jnp.mean(X, axis=0)
     Xc = X - shift
@@ -239,15 +278,19 @@ def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components,
         state = GibbsState(start, jnp.zeros((n_components,), dtype),
                            jnp.asarray(sticks_prior.alpha, dtype))
 
-        def step(state, sweep_key):
+        def step(state, sweep):
+            sweep_key, index = sweep
             state, loglik, counts = gibbs_sweep(
                 sweep_key, Xc, state, component_prior=prior, weight_prior=sticks_prior,
                 sample_alpha=sample_alpha, path=path, precision=precision)
+            if progress:
+                jax.debug.callback(_report_sweep, index + 1, loglik)
             trace = (loglik, state.alpha, counts, state.params.weights,
                      state.params.means + shift)
             return state, trace
 
-        return jax.lax.scan(step, state, jax.random.split(chain_key, n_sweeps))
+        return jax.lax.scan(step, state, (jax.random.split(chain_key, n_sweeps),
+                                          jnp.arange(n_sweeps)))
 
     final, (loglik, alphas, counts, weights, means) = jax.vmap(chain)(keys, starts)
     final = dataclasses.replace(final, params=dataclasses.replace(

@@ -181,3 +181,10 @@ def test_gibbs_seeding_and_chains_draw_from_separate_keys(data, monkeypatch):
     # the seeding's per-restart keys may be among the keys ``key`` itself splits into
     assert not np.any(np.all(seeding[:, None] == np.asarray(
         jax.random.key_data(jax.random.split(key, 1)))[None], axis=-1))
+
+
+def test_gibbs_progress_bar_counts_the_sweeps(data, capsys):
+    result = mixture.fit_gibbs(jax.random.key(5), data, 2, n_sweeps=3, n_chains=2,
+                               backend="reference", progress=True)
+    assert np.all(np.isfinite(np.asarray(result.loglik)))
+    assert "3/3" in capsys.readouterr().err
