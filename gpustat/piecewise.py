@@ -27,6 +27,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from gpustat._backend import resolve_backend
+from gpustat._checks import is_int
 from gpustat.reference import piecewise as ref
 from gpustat.triton import auto_path, piecewise_shape_class
 
@@ -322,7 +323,7 @@ def _real_float64(value, name: str) -> np.ndarray:
 
 
 def _check_order(nu, name: str) -> None:
-    if not isinstance(nu, int | np.integer) or nu < 0:
+    if not is_int(nu) or nu < 0:
         raise ValueError(f"{name} must be a non-negative int, got {name}={nu!r}")
 
 

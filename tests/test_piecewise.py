@@ -58,6 +58,8 @@ def test_bad_eval_arguments():
         pp(np.zeros(3), nu=-1)
     with pytest.raises(ValueError, match="nu"):
         pp.derivative(1.5)
+    with pytest.raises(ValueError, match="nu"):  # a bool was taken as order 1
+        pp.antiderivative(True)
     with pytest.raises(ValueError, match="backend"):
         pp(np.zeros(3), backend="cuda")
     with pytest.raises(TypeError, match="x must be real"):
