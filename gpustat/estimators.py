@@ -23,13 +23,14 @@ Random stream (reproducible, and the same as modern_fm's):
 ``eval_set`` one ``rng.permutation(n)`` picks the holdout first; then the
 factors are drawn (FM/FwFM ``rng.normal(0, init_scale, shape)``, FFM
 ``rng.uniform(0, init_scale / sqrt(k), shape)`` with ``shape`` the public
-``V_`` shape), then one ``rng.permutation`` per epoch for all ``max_iter``
-epochs. ``partial_fit`` visits rows in their given order.
+``V_`` shape), then one ``rng.permutation`` per epoch, drawn as the epoch
+starts. ``partial_fit`` visits rows in their given order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import numbers
 import pickle
@@ -134,7 +135,19 @@ class _FactorizationMachine(BaseEstimator):
 
     def _validate_X(self, X, *, reset: bool) -> sp.csr_matrix:
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=reset)
-        return _canonical_csr(X)
+        return self._prepared_X(X)
+
+    def _prepared_X(self, X) -> sp.csr_matrix:
+        X = _canonical_csr(X)
+        self._check_representable(X.data, "X")
+        return X
+
+    def _check_representable(self, values, name):
+        """Reject finite values the training dtype cannot hold (they would become inf)."""
+        largest = np.abs(values).max() if np.size(values) else 0.0
+        if largest > np.finfo(self._np_dtype()).max:
+            raise ValueError(f"{name} has values up to {largest:.3g}, beyond the range of "
+                             f"dtype={self.dtype!r}: use dtype='float64'")
 
     def _validate_fields(self, field_ids, n_features: int, *, first: bool) -> np.ndarray:
         if not first:
@@ -160,6 +173,10 @@ class _FactorizationMachine(BaseEstimator):
 
     def _eval_data(self, eval_set, n_features):
         """(X_val, y_val) from ``eval_set`` = (X, y) or [(X, y)]."""
+        if isinstance(eval_set, list) and len(eval_set) != 1:
+            # xgboost-style [(X_train, y_train), (X_val, y_val)] would stop on the first pair
+            raise ValueError(f"eval_set must be (X_val, y_val) or a list of one such pair, got "
+                             f"a list of {len(eval_set)}")
         item = eval_set[0] if isinstance(eval_set, list) else eval_set
         try:
             X_val, y_val = item
@@ -296,6 +313,7 @@ class _FactorizationMachine(BaseEstimator):
             else:
                 per_class = self._class_weight_dict()
             sw = sw * per_class[y_codes]
+        self._check_representable(sw, "sample_weight")
         if whole_data and self._is_classifier:
             alive = np.unique(y_codes[sw > 0])
             if len(alive) < 2:
@@ -333,9 +351,10 @@ class _FactorizationMachine(BaseEstimator):
         log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
-    def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
-               fields):
-        """Run the epochs in ``orders``; returns (params, opt_state, epochs run)."""
+    def _train(self, X, y_codes, weights, *, orders, n_epochs, params, opt_state, eval_data,
+               backend, fields):
+        """Run ``n_epochs`` epochs, each in the next row order the iterator ``orders``
+        yields (drawn as needed); returns (params, opt_state, epochs run)."""
         tx, lazy, (l2_linear, l2_factors) = self._optimizer()
         n_fields = params["r"].shape[-1] if self._model == "fwfm" else (
             params["V"].shape[2] if self._model == "ffm" else 1)
@@ -354,15 +373,14 @@ class _FactorizationMachine(BaseEstimator):
         if self.verbose:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(orders), desc=type(self).__name__, unit="epoch")
+            bar = tqdm(total=n_epochs, desc=type(self).__name__, unit="epoch")
         if val_rows is None and bar is None:
             # nothing to show or check between epochs: run them in few calls, each
             # holding at most ~16M row slots of permutations
             group = max(1, (1 << 24) // data.idx.shape[0])
-            for start in range(0, len(orders), group):
-                params, opt_state, _ = fm_train.train_epochs(cfg, params, opt_state, data,
-                                                             orders[start:start + group])
-            return params, opt_state, len(orders)
+            while chunk := list(itertools.islice(orders, group)):
+                params, opt_state, _ = fm_train.train_epochs(cfg, params, opt_state, data, chunk)
+            return params, opt_state, n_epochs
         best = (np.inf, params, opt_state)
         stale = 0
         epochs = 0
@@ -396,6 +414,7 @@ class _FactorizationMachine(BaseEstimator):
             y = column_or_1d(y, warn=True).astype(np.float64)
             if not np.all(np.isfinite(y)):
                 raise ValueError("y contains NaN or infinity")
+            self._check_representable(y, "y")
             return y
         y = column_or_1d(y, warn=True)
         check_classification_targets(y)
@@ -438,9 +457,10 @@ class _FactorizationMachine(BaseEstimator):
 
     def _fit_validated(self, X, y, field_ids, sample_weight, eval_set):
         backend = self._check_params()
+        fitted_classes = getattr(self, "classes_", None)
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
                              y_numeric=not self._is_classifier, reset=True)
-        X = _canonical_csr(X)
+        X = self._prepared_X(X)
         fields = self._validate_fields(field_ids, X.shape[1], first=True)
         y_codes = self._encode(y, first=True)
         weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
@@ -466,13 +486,16 @@ class _FactorizationMachine(BaseEstimator):
             X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
         resume = self.warm_start and hasattr(self, "w0_")
         if resume:
-            self._check_resume(X.shape[1], fields)
+            self._check_resume(X.shape[1], fields, fitted_classes)
             params, opt_state = self._to_internal(self._public()), self._resume_state()
         else:
             params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
                                                                     int(fields.max()) + 1)), None
-        orders = [rng.permutation(X.shape[0]) for _ in range(self.max_iter)]
-        params, opt_state, epochs = self._train(X, y_codes, weights, orders=orders, params=params,
+        n_rows = X.shape[0]
+        # drawn epoch by epoch: max_iter orders of n rows need not fit in memory at once
+        orders = (rng.permutation(n_rows) for _ in range(self.max_iter))
+        params, opt_state, epochs = self._train(X, y_codes, weights, orders=orders,
+                                                n_epochs=self.max_iter, params=params,
                                                 opt_state=opt_state, eval_data=eval_data,
                                                 backend=backend, fields=fields)
         self.field_ids_ = fields
@@ -506,9 +529,9 @@ class _FactorizationMachine(BaseEstimator):
             self.n_iter_ = 0
         else:
             params, opt_state = self._to_internal(self._public()), self._resume_state()
-        params, opt_state, _ = self._train(X, y_codes, sw, orders=[np.arange(X.shape[0])],
-                                           params=params, opt_state=opt_state, eval_data=None,
-                                           backend=backend, fields=fields)
+        params, opt_state, _ = self._train(X, y_codes, sw, orders=iter([np.arange(X.shape[0])]),
+                                           n_epochs=1, params=params, opt_state=opt_state,
+                                           eval_data=None, backend=backend, fields=fields)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
@@ -528,14 +551,16 @@ class _FactorizationMachine(BaseEstimator):
             return None
         return jax.tree.map(jnp.asarray, state)
 
-    def _check_resume(self, n_features, fields):
-        # n_features_in_ is already reset to the new X here: compare with w_
+    def _check_resume(self, n_features, fields, fitted_classes):
+        # n_features_in_ and classes_ are already reset to the new data here: compare
+        # with w_ and the classes_ from before the call
         if n_features != np.shape(self.w_)[-1] or not np.array_equal(fields, self.field_ids_):
             raise ValueError("warm_start needs the same features and field_ids as the first fit")
-        fitted_outputs = np.asarray(self.w_).shape[0] if np.ndim(self.w_) == 2 else 1
-        if fitted_outputs != self._n_outputs:
+        # the same labels, not only as many: parameters belong to class positions
+        if self._is_classifier and not np.array_equal(fitted_classes, self.classes_):
             raise ValueError(f"warm_start needs the same classes as the first fit: fitted with "
-                             f"{fitted_outputs} outputs, now {self._n_outputs}")
+                             f"classes_={fitted_classes.tolist()}, now y has "
+                             f"{self.classes_.tolist()}")
 
     # ------------------------------------------------------------ prediction
 
@@ -845,7 +870,8 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
         random_state: seed of the init and epoch permutations (module docs).
         verbose: show a progress bar per epoch with training loss and validation metric.
         dtype: "float32" (default) or "float64" (needs ``jax_enable_x64``):
-            the dtype of parameters, optimizer state and training arithmetic.
+            the dtype of parameters, optimizer state and training arithmetic;
+            values of X, y or sample_weight beyond its range raise ValueError.
         backend: "auto", "pallas", "interpret" or "reference": how the sparse
             batch gradient is summed ("auto": XLA's scatter-add, measured faster).
 

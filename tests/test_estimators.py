@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import tracemalloc
 import warnings
 
 import jax
@@ -126,6 +127,35 @@ def test_rejected_warm_start_keeps_the_fitted_classifier():
         est.fit(X, np.arange(len(y)) % 3)
     np.testing.assert_array_equal(est.classes_, [0, 1])
     np.testing.assert_array_equal(est.predict_proba(X), before)
+
+
+def test_warm_start_with_other_labels_raises():
+    # as many classes as before, but other labels: the fitted parameters belong to
+    # the old classes' positions, so continuing would relabel them silently
+    X, _fields, y = _data()
+    est = FMClassifier(warm_start=True, max_iter=1, batch_size=8, random_state=0).fit(X, y)
+    before = est.predict_proba(X)
+    for relabelled in (y + 5, np.where(y == 1, "yes", "no")):
+        with pytest.raises(ValueError, match="same classes"):
+            est.fit(X, relabelled)
+        np.testing.assert_array_equal(est.classes_, [0, 1])
+        np.testing.assert_array_equal(est.predict_proba(X), before)
+
+
+def test_epoch_orders_are_drawn_as_needed():
+    # early stopping after a few epochs must not first draw max_iter permutations
+    # (max_iter x n int64 of host memory: 8 GB for 10M rows x 100 epochs)
+    X, _fields, y = _data()
+    kw = dict(n_factors=2, batch_size=8, early_stopping=True, patience=1, random_state=0)
+    FMClassifier(max_iter=1, **kw).fit(X, y)  # compile outside the measurement
+    tracemalloc.start()
+    try:
+        est = FMClassifier(max_iter=200_000, **kw).fit(X, y)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # all the orders would take ~70 MB
+    assert est.n_iter_ < 100
 
 
 def test_ftrl_l1_gives_exact_zeros():
@@ -279,6 +309,29 @@ def test_non_finite_input_raises(bad):
         est.predict(Xb)
     with pytest.raises(ValueError, match=r"NaN|infinity"):
         FMRegressor(max_iter=1).fit(X, np.where(np.arange(len(y)) == 2, bad, 1.0))
+
+
+def test_eval_set_of_several_pairs_raises():
+    # xgboost users pass [(X_train, y_train), (X_val, y_val)]: stopping on the first
+    # pair would early-stop on the training rows
+    X, _fields, y = _data()
+    with pytest.raises(ValueError, match="eval_set must be"):
+        FMClassifier(max_iter=1).fit(X, y, eval_set=[(X, y), (X[:5], y[:5])])
+
+
+def test_values_beyond_float32_range_raise():
+    # finite float64 input that float32 training would turn into inf (then NaN parameters)
+    X, _fields, y = _data()
+    big = np.where(np.arange(X.size).reshape(X.shape) == 3, 1e40, X)
+    with pytest.raises(ValueError, match=r"X has values up to 1e\+40.*dtype='float64'"):
+        FMClassifier(max_iter=1).fit(big, y)
+    est = FMClassifier(max_iter=1, batch_size=8).fit(X, y)
+    with pytest.raises(ValueError, match="X has values"):
+        est.predict(big)
+    with pytest.raises(ValueError, match="y has values"):
+        FMRegressor(max_iter=1).fit(X, 1e40 * y)
+    with pytest.raises(ValueError, match="sample_weight has values"):
+        FMClassifier(max_iter=1).fit(X, y, sample_weight=np.full(len(y), 1e39))
 
 
 def test_unknown_labels_in_eval_set_raise():
