@@ -13,14 +13,17 @@
 # Rows are split over a 1-D mesh and every device runs the single-device op
 # (Pallas kernel included) on its block under `jax.shard_map`; reductions end in
 # one `psum`. Without GPUs we ask XLA for 4 CPU devices, which must happen
-# before JAX starts. Set `GPUSTAT_NOTEBOOK_SMALL=1` for a quick run.
+# before JAX starts; the small run (`GPUSTAT_NOTEBOOK_SMALL=1`, what CI runs) always
+# uses them, the full run every GPU of the machine when it has GPUs.
 
 # %%
 import os
+import tempfile
 
+SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=4")
-if "JAX_PLATFORMS" not in os.environ:
+if SMALL and "JAX_PLATFORMS" not in os.environ:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax
@@ -32,7 +35,6 @@ import numpy as np
 
 from gpustat import distributed, mixture
 
-SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 mesh = distributed.make_mesh()
 print(mesh, jax.devices())
 
@@ -72,17 +74,20 @@ print("max |means difference|", float(jnp.max(jnp.abs(sharded.params.means
 fig, ax = plt.subplots(figsize=(5, 3))
 steps = np.arange(1, int(single.n_iter) + 1)
 ax.plot(steps, np.asarray(single.lower_bounds)[: steps.size], "o-", label="1 device")
-ax.plot(steps, np.asarray(sharded.lower_bounds)[: steps.size], "x--", label="4 devices")
-ax.set_xlabel("EM iteration")
-ax.set_ylabel("mean log-likelihood")
+ax.plot(steps, np.asarray(sharded.lower_bounds)[: steps.size], "x--",
+        label=f"{mesh.size} devices")
+ax.set(xlabel="EM iteration", ylabel="mean log-likelihood", title="EM, one device vs sharded")
 ax.legend()
 fig.tight_layout()
+figure_path = os.path.join(tempfile.gettempdir(), "gpustat_distributed.png")
+fig.savefig(figure_path, dpi=80)
+print("figure written to", figure_path)
 
 # %% [markdown]
 # ## Border solves: atoms dealt by type
 #
 # Atoms of equal `(n_a, k_a)` are dealt round-robin, so every device solves the
-# same layout (at most one dummy atom per type).
+# same layout (each device holds at most one dummy atom per type).
 
 # %%
 from gpustat import border
@@ -97,5 +102,8 @@ batch = border.BorderBatch.from_atoms(*(list(a) for a in zip(*atoms, strict=True
 plan_batch = distributed.shard_border_batch(batch, mesh)
 solution = distributed.solve_batched_border(plan_batch, 1e-6, 1e-6, mesh).gather()
 reference = border.solve_batched_border(batch, 1e-6, 1e-6)
-print("atoms", batch.num_atoms, "slots per device", plan_batch.plan.local.num_atoms)
+slots = plan_batch.plan.local.num_atoms
+types = len({(int(n_a), int(k_a)) for n_a, k_a in sizes})
+print(f"atoms {batch.num_atoms} of {types} types; slots per device {slots}; dummy atoms "
+      f"{slots * mesh.size - batch.num_atoms} (at most {types * (mesh.size - 1)})")
 print("max |delta_t difference|", float(jnp.max(jnp.abs(solution.delta_t - reference.delta_t))))
