@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from gpustat import mixture_ops
+from gpustat._checks import check_int
 from gpustat.mixture_mstep import m_step
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_priors import (
@@ -94,8 +95,15 @@ def _is_finite(params: MixtureParams):
         jnp.isfinite(params.means)) & jnp.all(jnp.isfinite(params.weights))
 
 
-def _em_loop(Xc, w, total_w, init, initial_lower_bound, *, tol, max_iter, reg_covar,
-             weight_prior, component_prior, path, precision):
+def _report_iteration(restart, n_iter, lower_bound, change, *, every: int) -> None:
+    """Host callback of :func:`fit_em`'s ``report_every``: one line per restart."""
+    if int(n_iter) % every == 0:
+        print(f"  Iteration {int(n_iter)} (restart {int(restart)})\t lower bound "
+              f"{float(lower_bound):.5f}\t ll change {float(change):.5f}", flush=True)
+
+
+def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_iter, reg_covar,
+             weight_prior, component_prior, path, precision, report_every):
     dtype = Xc.dtype
 
     def cond(state):
@@ -112,6 +120,9 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, *, tol, max_iter, reg_co
         params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, params)
         converged = ok & (jnp.abs(new_lb - lb) < tol)
         status = jnp.where(ok, STATUS_OK, STATUS_ILL_DEFINED_COVARIANCE).astype(jnp.int32)
+        if report_every:
+            jax.debug.callback(functools.partial(_report_iteration, every=report_every),
+                               restart, n_iter + 1, new_lb, new_lb - lb)
         return params, new_lb, n_iter + 1, converged, status, trace.at[n_iter].set(new_lb)
 
     state = (init, jnp.asarray(initial_lower_bound, dtype), jnp.int32(0), jnp.bool_(False),
@@ -125,7 +136,8 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
            max_iter: int = 100, reg_covar: float = 1e-6,
            weight_prior: DirichletPrior | StickBreakingPrior | None = None,
            component_prior: NIWPrior | None = None, initial_lower_bound: float = -jnp.inf,
-           backend: str = "auto", precision: str = "highest") -> EMResult:
+           backend: str = "auto", precision: str = "highest",
+           report_every: int = 0) -> EMResult:
     """Fit a Gaussian mixture by EM (MLE, or MAP with priors) from given initial parameters.
 
     Args:
@@ -142,6 +154,8 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         initial_lower_bound: lower bound before the first iteration (warm starts).
         backend: "auto", "pallas", "reference" or "interpret" (for the E-step).
         precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
+        report_every: print every restart's iteration, lower bound and change every this
+            many iterations (a host callback; 0, the default, prints nothing).
 
     Returns:
         :class:`EMResult`. Compiled once per static setting (tol, max_iter, reg_covar,
@@ -165,13 +179,14 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
     return _fit_em_jit(X, init, w, weight_prior, component_prior,
                        jnp.asarray(initial_lower_bound, X.dtype), tol=tol, max_iter=max_iter,
-                       reg_covar=reg_covar, path=path, precision=precision)
+                       reg_covar=reg_covar, path=path, precision=precision,
+                       report_every=check_int(report_every, "report_every", 0))
 
 
 @functools.partial(jax.jit, static_argnames=("tol", "max_iter", "reg_covar", "path",
-                                             "precision"))
+                                             "precision", "report_every"))
 def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, *, tol,
-                max_iter, reg_covar, path, precision):
+                max_iter, reg_covar, path, precision, report_every):
     weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
     total_w = jnp.sum(weights)
     shift = jnp.matmul(weights, X, precision=jax.lax.Precision.HIGHEST) / total_w
@@ -180,17 +195,18 @@ def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, 
         component_prior = dataclasses.replace(component_prior,
                                               mean=component_prior.mean - shift)
 
-    def run(start):
+    def run(start, restart):
         out = _em_loop(Xc, w, total_w, _shift_means(start, -shift), initial_lower_bound,
-                       tol=tol, max_iter=max_iter, reg_covar=reg_covar,
+                       restart, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
                        weight_prior=weight_prior, component_prior=component_prior,
-                       path=path, precision=precision)
+                       path=path, precision=precision, report_every=report_every)
         return (_shift_means(out[0], shift), *out[1:])
 
     if init.weights.ndim == 1:
-        params, lb, n_iter, converged, status, trace = run(init)
+        params, lb, n_iter, converged, status, trace = run(init, 0)
         return EMResult(params, lb, trace, n_iter, converged, status, lb[None])
-    params, lb, n_iter, converged, status, trace = jax.vmap(run)(init)
+    restarts = jnp.arange(init.weights.shape[0])
+    params, lb, n_iter, converged, status, trace = jax.vmap(run)(init, restarts)
     best = jnp.argmax(jnp.where(status == STATUS_OK, jnp.nan_to_num(lb, nan=-jnp.inf),
                                 -jnp.inf))
     pick = lambda a: a[best]  # noqa: E731

@@ -188,3 +188,14 @@ def test_gibbs_progress_bar_counts_the_sweeps(data, capsys):
                                backend="reference", progress=True)
     assert np.all(np.isfinite(np.asarray(result.loglik)))
     assert "3/3" in capsys.readouterr().err
+
+
+def test_verbose_estimator_reports_every_interval(data, capsys):
+    """verbose_interval was accepted and ignored; the restarts report side by side."""
+    mixture.GaussianMixture(2, max_iter=4, tol=0.0, n_init=2, verbose=1, verbose_interval=2,
+                            backend="reference", random_state=0).fit(data)
+    lines = [line.split("\t")[0].strip() for line in capsys.readouterr().out.splitlines()
+             if "Iteration" in line]
+    assert sorted(lines) == [f"Iteration {i} (restart {r})" for i in (2, 4) for r in (0, 1)]
+    with pytest.raises(ValueError, match="verbose_interval"):
+        mixture.GaussianMixture(2, verbose_interval=0).fit(data)
