@@ -62,11 +62,27 @@ def _nearest_centre(X, centres):
     return jax.lax.map(row, X, batch_size=min(_ROW_CHUNK, X.shape[0]))
 
 
+def _label_sums(X, labels, n_components):
+    """(counts (m,), row sums (m, p)) of each label by one-hot products over row chunks
+    (memory O(chunk m), no n x m matrix), added in a fixed order: reproducible bit for bit,
+    where XLA's scatter-add (``segment_sum``) adds in no fixed order on a GPU."""
+    chunk = min(_ROW_CHUNK, X.shape[0])
+    pad = -X.shape[0] % chunk
+    rows = jnp.pad(X, ((0, pad), (0, 0))).reshape(-1, chunk, X.shape[1])
+    row_labels = jnp.pad(labels, (0, pad), constant_values=n_components).reshape(-1, chunk)
+
+    def part(block):
+        x, lab = block
+        one_hot = (lab[:, None] == jnp.arange(n_components)).astype(X.dtype)  # padding: none
+        return one_hot.sum(0), jnp.matmul(one_hot.T, x, precision=_EXACT)
+
+    counts, sums = jax.lax.map(part, (rows, row_labels))
+    return counts.sum(0), sums.sum(0)
+
+
 def _label_stats(X, labels, n_components):
-    """Hard-label statistics by segment sums (no n x m matrix)."""
-    ones = jnp.ones(X.shape[0], X.dtype)
-    counts = jax.ops.segment_sum(ones, labels, n_components)
-    sum_x = jax.ops.segment_sum(X, labels, n_components)
+    """Hard-label statistics (no n x m matrix)."""
+    counts, sum_x = _label_sums(X, labels, n_components)
     sum_xx = jax.lax.map(
         lambda j: jnp.matmul((X * (labels == j)[:, None]).T, X, precision=_EXACT),
         jnp.arange(n_components))
@@ -79,8 +95,7 @@ def _lloyd(X, centres, max_iter: int):
     def body(state):
         i, centres, _ = state
         labels = _nearest_centre(X, centres)
-        counts = jax.ops.segment_sum(jnp.ones(X.shape[0], X.dtype), labels, n_components)
-        sums = jax.ops.segment_sum(X, labels, n_components)
+        counts, sums = _label_sums(X, labels, n_components)
         new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], centres)
         return i + 1, new, jnp.max(jnp.abs(new - centres))
 

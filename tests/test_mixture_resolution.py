@@ -78,3 +78,19 @@ def test_a_component_on_one_repeated_point_is_reported_at_any_scale(scale):
                                      np.diag(1 / np.asarray(scale) ** 2), (2, 2, 2)).copy())
     with pytest.raises(ValueError, match="reg_covar"):
         gm.fit(X)
+
+
+def test_label_sums_equal_numpy_over_ragged_row_chunks():
+    """The k-means statistics by chunked one-hot products (a fixed order of additions,
+    unlike segment_sum's scatter-add on a GPU) equal numpy's per-label sums."""
+    from gpustat.mixture_init import _ROW_CHUNK, _label_sums
+
+    rng = np.random.default_rng(2)
+    n = _ROW_CHUNK + 37  # one full chunk and a padded one
+    X = rng.normal(size=(n, 3))
+    labels = rng.integers(0, 4, n)
+    labels[labels == 2] = 1  # an empty label
+    counts, sums = _label_sums(jnp.asarray(X), jnp.asarray(labels, jnp.int32), 4)
+    np.testing.assert_array_equal(np.asarray(counts), np.bincount(labels, minlength=4))
+    want = np.stack([X[labels == j].sum(0) for j in range(4)])
+    np.testing.assert_allclose(np.asarray(sums), want, rtol=1e-12, atol=1e-10)
