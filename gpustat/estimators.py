@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import numbers
 import pickle
 
 import jax
@@ -51,7 +50,7 @@ from sklearn.utils.validation import (
 )
 
 from gpustat import fm_train
-from gpustat._checks import check_int
+from gpustat._checks import check_int, check_real
 from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 
 __all__ = [
@@ -80,11 +79,6 @@ def _canonical_csr(X) -> sp.csr_matrix:
     return X
 
 
-def _non_negative(value, name):
-    if not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {name}={value!r}")
-
-
 class _FactorizationMachine(BaseEstimator):
     """Shared fit/predict machinery; subclasses fix the model and the task."""
 
@@ -100,14 +94,10 @@ class _FactorizationMachine(BaseEstimator):
         check_int(self.patience, "patience", 1)
         for name in ("l1_linear", "l1_factors", "l2_linear", "l2_factors", "init_scale",
                      "min_delta", "epsilon", "ftrl_beta"):
-            _non_negative(getattr(self, name), name)
-        lr = self.learning_rate
-        if not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
-            raise ValueError(f"learning_rate must be a finite number > 0, got "
-                             f"{self.learning_rate=!r}")
+            check_real(getattr(self, name), name, 0)
+        check_real(self.learning_rate, "learning_rate", 0, low_open=True)
         for name in ("beta_1", "beta_2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+            check_real(getattr(self, name), name, 0, 1)
         if not 0 < self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in (0, 1), got "
                              f"{self.validation_fraction=!r}")

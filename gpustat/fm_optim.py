@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gpustat._checks import check_real
+
 __all__ = ["ftrl", "lazy_adagrad", "lazy_adam", "lazy_sgd"]
 
 
@@ -45,16 +47,12 @@ def _touched_tree(touched, params_like):
     return touched
 
 
-def _check_number(op: str, name: str, value, low: float, high: float = math.inf, *,
-                  low_open: bool = False):
-    """ValueError unless ``value`` is finite and in ``[low, high)`` (``(low, high)`` with
-    ``low_open``). Arrays pass unchecked (hyperparameters injected under a trace)."""
-    if not isinstance(value, numbers.Real):
-        return
-    above = value > low if low_open else value >= low
-    if not (math.isfinite(value) and above and value < high):
-        interval = f"{'(' if low_open else '['}{low}, {high})"
-        raise ValueError(f"{op}: {name} must be a finite number in {interval}, got {value!r}")
+def _check_number(name: str, value, low: float, high: float = math.inf, *,
+                  low_open: bool = False) -> None:
+    """:func:`~gpustat._checks.check_real` of a plain number; arrays pass unchecked
+    (hyperparameters injected under a trace)."""
+    if isinstance(value, numbers.Real):
+        check_real(value, name, low, high, low_open=low_open)
 
 
 def _where(mask, new, old):
@@ -86,7 +84,7 @@ def lazy_sgd(learning_rate: float) -> optax.GradientTransformationExtraArgs:
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0.
     """
-    _check_number("lazy_sgd", "learning_rate", learning_rate, 0, low_open=True)
+    _check_number("learning_rate", learning_rate, 0, low_open=True)
 
     def init(params):
         del params
@@ -121,8 +119,8 @@ def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTran
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0, or ``eps`` < 0.
     """
-    _check_number("lazy_adagrad", "learning_rate", learning_rate, 0, low_open=True)
-    _check_number("lazy_adagrad", "eps", eps, 0)
+    _check_number("learning_rate", learning_rate, 0, low_open=True)
+    _check_number("eps", eps, 0)
 
     def init(params):
         return LazyAdagradState(jax.tree.map(jnp.zeros_like, params))
@@ -173,10 +171,10 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
         ValueError: ``learning_rate`` not a finite number > 0, ``b1`` or ``b2`` outside
             ``[0, 1)``, or ``eps`` < 0.
     """
-    _check_number("lazy_adam", "learning_rate", learning_rate, 0, low_open=True)
+    _check_number("learning_rate", learning_rate, 0, low_open=True)
     for name, value in (("b1", b1), ("b2", b2)):
-        _check_number("lazy_adam", name, value, 0, 1)
-    _check_number("lazy_adam", "eps", eps, 0)
+        _check_number(name, value, 0, 1)
+    _check_number("eps", eps, 0)
 
     def init(params):
         return LazyAdamState(*(jax.tree.map(jnp.zeros_like, params) for _ in range(3)))
@@ -242,11 +240,11 @@ def ftrl(learning_rate: float, beta: float = 1.0, l1: Any = 0.0,
         ValueError: ``learning_rate`` not a finite number > 0, or ``beta``, ``l1`` or
             ``l2`` negative.
     """
-    _check_number("ftrl", "learning_rate", learning_rate, 0, low_open=True)
-    _check_number("ftrl", "beta", beta, 0)
+    _check_number("learning_rate", learning_rate, 0, low_open=True)
+    _check_number("beta", beta, 0)
     for name, value in (("l1", l1), ("l2", l2)):
         for leaf in jax.tree.leaves(value):
-            _check_number("ftrl", name, leaf, 0)
+            _check_number(name, leaf, 0)
     alpha = learning_rate
 
     def init(params):

@@ -386,6 +386,8 @@ def test_feature_count_mismatch_raises():
     ({"class_weight": {0: np.inf}}, "class_weight values must be finite"),
     ({"class_weight": {0: -1.0}}, "class_weight values must be finite and >= 0"),
     ({"learning_rate": np.inf}, "learning_rate must be a finite number"),
+    ({"beta_1": 1.0}, r"beta_1 must be a finite number in \[0, 1\)"),
+    ({"epsilon": -1.0}, "epsilon must be a finite number >= 0"),
 ])
 def test_bad_settings_raise(kwargs, match):
     X, _fields, y = _data()
