@@ -295,9 +295,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """
         del y
         self._check_settings()
-        if not hasattr(self, "_online_state"):
+        starting = not hasattr(self, "_online_state")
+        X = self._check_X(X, fitting=starting and not hasattr(self, "params_"))
+        if starting:
             self._online_state = self._start_stream(X)
-        X = self._check_X(X, fitting=False)
         stream_dtype = self._online_state.params.means.dtype
         if jnp.finfo(X.dtype).bits > jnp.finfo(stream_dtype).bits:
             raise ValueError(f"X is {X.dtype} but the stream computes in {stream_dtype} (the "
@@ -315,11 +316,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return self
 
     def _start_stream(self, X):
-        """Streaming-EM state from the fitted parameters, else from an init on X."""
+        """Streaming-EM state from the fitted parameters, else from an init on the checked
+        batch X."""
         if hasattr(self, "params_"):
-            X = self._check_X(X, fitting=False)
             return online_em_init(X, self.params_)
-        X = self._check_X(X, fitting=True)
         seed = 0 if self.random_state is None else int(self.random_state)
         init = jax.tree.map(lambda a: a[0], self._initial_params(X, jax.random.key(seed), 1))
         self.n_features_in_ = X.shape[1]
