@@ -57,8 +57,8 @@ NUM_PIECES, DEGREE = 256, 3
 # through L1; "floor" is the shared kernel on a single cubic piece (no search, every
 # gather a broadcast): the cost of streaming x and y plus Horner in that structure.
 PPOLY_VARIANTS = {  # by table itemsize
-    4: [None, ("shared", 4096, 8, 1, False), ("shared", 4096, 16, 1, True),
-        ("shared", 2048, 16, 1, True), ("shared", 4096, 32, 1, True),
+    4: [None, ("shared", 4096, 8, 1, False), ("shared", 4096, 8, 1, True),
+        ("shared", 2048, 4, 32, True), ("shared", 2048, 16, 1, True),
         ("shared", 2048, 8, 4, True), ("shared", 2048, 8, 8, False),
         ("floor", 4096, 8, 1, False)],
     8: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 16, 1, True),

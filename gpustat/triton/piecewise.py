@@ -67,8 +67,14 @@ __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
 # spread 10-20%). Streaming (2^26 points, guided lookup; commit b638935): float32 0.272
 # ms searched, 0.274 uniform; float64 0.571 / 0.473 (0.539 / 0.464 in a probe of the
 # same code). 2e6 points: 0.0386 ms searched at commit 0eca8aa, 0.058 at b638935.
+# Streaming float32 takes 4 warps over 8 blocks of 2048 points: the tables are read
+# from L2 once per program (held in registers across the blocks) instead of once per
+# 4096 points. Two H100 probes of the searched case (fed9ac9, 3 rounds each, copy
+# ~2815 GB/s): 0.2449 / 0.2439 ms against 0.2514 / 0.2571 ms for (4096, 8, 1); 2, 16
+# and 32 blocks took 0.244-0.248 ms, 4096-point blocks at 4 warps 0.30 ms, 2 warps
+# 0.28-0.35 ms. float64 stays at one block (2048 x 4 x 8: 0.542 vs 0.462 ms).
 _STAGED_LAUNCH = {
-    (4, True): (4096, 8, 1),
+    (4, True): (2048, 4, 8),
     (4, False): (2048, 8, 8),
     (8, True): (4096, 8, 1),
     (8, False): (1024, 8, 8),
