@@ -197,8 +197,14 @@ class _FactorizationMachine(BaseEstimator):
         c, k = self._n_outputs, self.n_factors
         lead = (c,) if c > 1 else ()
         if self._model == "ffm":
-            V = rng.uniform(0.0, self.init_scale / math.sqrt(k), size=(*lead, n_features,
-                                                                          n_fields, k))
+            shape = (*lead, n_features, n_fields, k)
+            try:
+                V = rng.uniform(0.0, self.init_scale / math.sqrt(k), size=shape)
+            except MemoryError as exc:  # e.g. no field_ids: one field per feature
+                raise MemoryError(
+                    f"FFM factors V_ of shape {shape} ({math.prod(shape) * 8 / 2**30:.3g} GiB "
+                    f"in float64) do not fit in host memory: n_fields={n_fields}; pass "
+                    "field_ids grouping the features into fewer fields") from exc
         else:
             V = rng.normal(0.0, self.init_scale, size=(*lead, n_features, k))
         params = {"w0": np.zeros(lead), "w": np.zeros((*lead, n_features)), "V": V}

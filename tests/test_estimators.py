@@ -353,6 +353,15 @@ def test_bad_field_ids_raise(cls):
         cls(max_iter=1).fit(X, y, field_ids=np.array(list("abcdefgh")))
 
 
+def test_ffm_too_large_without_field_ids_names_field_ids():
+    # one field per feature: V_ would be 10^6 x 10^6 x 8 (58 PiB); numpy refuses at once
+    import scipy.sparse as sp
+
+    X = sp.random(4, 10**6, density=1e-5, format="csr", random_state=0)
+    with pytest.raises(MemoryError, match="n_fields=1000000; pass field_ids"):
+        FFMClassifier(max_iter=1).fit(X, np.array([0, 1, 0, 1]))
+
+
 def test_l1_without_ftrl_raises():
     X, _fields, y = _data()
     with pytest.raises(ValueError, match="optimizer='ftrl'"):
