@@ -67,18 +67,22 @@ __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
 # spread 10-20%). Streaming (2^26 points, guided lookup; commit b638935): float32 0.272
 # ms searched, 0.274 uniform; float64 0.571 / 0.473 (0.539 / 0.464 in a probe of the
 # same code). 2e6 points: 0.0386 ms searched at commit 0eca8aa, 0.058 at b638935.
-# Streaming float32 takes 4 warps over 8 blocks of 2048 points: the tables are read
-# from L2 once per program (held in registers across the blocks) instead of once per
-# 4096 points. Two H100 probes of the searched case (fed9ac9, 3 rounds each, copy
-# ~2815 GB/s): 0.2449 / 0.2439 ms against 0.2514 / 0.2571 ms for (4096, 8, 1); 2, 16
-# and 32 blocks took 0.244-0.248 ms, 4096-point blocks at 4 warps 0.30 ms, 2 warps
-# 0.28-0.35 ms. float64 stays at one block (2048 x 4 x 8: 0.542 vs 0.462 ms).
 _STAGED_LAUNCH = {
-    (4, True): (2048, 4, 8),
+    (4, True): (4096, 8, 1),
     (4, False): (2048, 8, 8),
     (8, True): (4096, 8, 1),
     (8, False): (1024, 8, 8),
 }
+# Streaming float32 with the guided lookup: several blocks a program, so its tables are
+# read from L2 once per program (held in registers across the blocks) instead of once
+# per 4096 points; by guide size. H100 A/B (1c6f906, 5 interleaved rounds, P = 256,
+# 2^26 points): a 1024-bucket guide (graded grid, 13 KiB of tables) 0.2474 ms at
+# 2048 x 4 warps x 8 blocks against 0.2571 for (4096, 8, 1), faster in every round
+# (2048 x 8 x 4: 0.2523); a 256-bucket guide (uniform grid) 0.2484 ms at 2048 x 8 x 4
+# against 0.2655 (2048 x 4 x 8: 0.2820). float64 keeps one block (2048 x 4 x 8: 0.542
+# vs 0.462 ms in a probe of fed9ac9).
+_GUIDED_FLOAT32_STREAMING_LAUNCH = {True: (2048, 4, 8), False: (2048, 8, 4)}  # > 256 buckets?
+_SMALL_GUIDE_BUCKETS = 256
 # Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
 # float64, 4 warps (the H200 sweep of commit 7c9e2bc).
 _CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
@@ -388,11 +392,16 @@ def staging_supported(rows_shape, num_pieces: int) -> bool:
     return len(rows_shape) == 2 and num_pieces <= _STAGED_MAX_PIECES
 
 
-def default_launch(table_dtype, size: int, staged: bool) -> tuple[int, int, int]:
-    """(block_n, num_warps, chunks) used where the caller gives none."""
+def default_launch(table_dtype, size: int, staged: bool,
+                   buckets: int = 0) -> tuple[int, int, int]:
+    """(block_n, num_warps, chunks) used where the caller gives none (``buckets``: the
+    guide's bucket count, 0 without a guide)."""
     itemsize = jnp.dtype(table_dtype).itemsize
+    streaming = size > _STREAMING_POINTS
+    if staged and itemsize == 4 and streaming and buckets:
+        return _GUIDED_FLOAT32_STREAMING_LAUNCH[buckets > _SMALL_GUIDE_BUCKETS]
     if staged:
-        return _STAGED_LAUNCH[(itemsize, size > _STREAMING_POINTS)]
+        return _STAGED_LAUNCH[(itemsize, streaming)]
     return _CACHE_LAUNCH[itemsize]
 
 
@@ -403,7 +412,7 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
     num_polys = 1
     for s in rows_shape[:-2]:
         num_polys *= s
-    default_block, _, default_chunks = default_launch(table_dtype, size, staged)
+    default_block, _, default_chunks = default_launch(table_dtype, size, staged, buckets)
     block = min(block_n or default_block, next_pow2(size))
     chunks = max(1, min(chunks or default_chunks, triton.cdiv(size, block))) if staged else 1
     levels = _search_levels(num_pieces)
@@ -455,7 +464,8 @@ def _batched_launcher(config: tuple):
         y = launch(kernel, operands,
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
                    (triton.cdiv(size, per_program),),
-                   num_warps=num_warps or default_launch(rows.dtype, size, staged)[1],
+                   num_warps=num_warps or default_launch(rows.dtype, size, staged,
+                                                         settings.get("BUCKETS", 0))[1],
                    interpret=interpret, **settings)
         return y.reshape((size, *trailing))
 
@@ -557,7 +567,7 @@ def _compile_cases() -> tuple[CompileCase, ...]:
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         guide = (jnp.int32, dtype, dtype, dtype) if staged else ()
         cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, *guide, x_dtype),
-                                 settings, default_launch(dtype, size, staged)[1]))
+                                 settings, default_launch(dtype, size, staged, buckets)[1]))
     return tuple(cases)
 
 
