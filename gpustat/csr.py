@@ -126,7 +126,7 @@ class CSR:
             ValueError: inconsistent lengths, ``indptr`` not starting at 0,
                 decreasing or not ending at ``nnz``, indices out of range or
                 repeated within a row, non-finite data, or more than 2**31 - 1
-                nonzeros.
+                nonzeros, rows or columns (int32 indices).
         """
         for name, value in (("data", data), ("indices", indices), ("indptr", indptr)):
             if isinstance(value, jax.core.Tracer):
@@ -151,15 +151,18 @@ class CSR:
     def from_scipy(cls, matrix, dtype=None) -> CSR:
         """Convert any scipy sparse matrix or array (COO, CSC, CSR, ...).
 
-        Duplicate entries are summed (as scipy does); explicit zeros are kept
-        (the scoring kernels skip them).
+        Duplicate entries are summed in float64 (then cast to the result dtype,
+        so integer values do not wrap and float32 sums round once); explicit
+        zeros are kept (the scoring kernels skip them).
 
         Args:
             matrix: a ``scipy.sparse`` matrix or array of shape ``(n, p)``.
-            dtype: optional floating dtype of ``data``; default keeps the matrix's.
+            dtype: optional floating dtype of ``data``; default keeps the matrix's
+                floating dtype (integer or bool values become floats as in :class:`CSR`).
 
         Raises:
-            TypeError: ``matrix`` is not a scipy sparse matrix.
+            TypeError: ``matrix`` is not a scipy sparse matrix, or ``dtype`` is not
+                floating.
             ValueError: as :class:`CSR`.
         """
         import scipy.sparse as sp
@@ -167,7 +170,14 @@ class CSR:
         if not sp.issparse(matrix):
             raise TypeError(f"CSR.from_scipy: matrix must be a scipy sparse matrix, "
                             f"got {type(matrix).__name__}")
-        csr = sp.csr_array(matrix, copy=True)
+        if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"CSR.from_scipy: dtype must be a floating dtype, got {dtype=}")
+        kind = np.dtype(matrix.dtype).kind
+        if dtype is None and kind == "f":
+            dtype = matrix.dtype
+        # scipy sums duplicates in the matrix's dtype (int8 wraps, float32 rounds): widen
+        # first; complex data is left to the constructor to reject
+        csr = sp.csr_array(matrix.astype(np.float64) if kind in "biuf" else matrix, copy=True)
         csr.sum_duplicates()
         data = csr.data if dtype is None else csr.data.astype(dtype)
         return cls(data, csr.indices, csr.indptr, csr.shape)
@@ -265,11 +275,17 @@ class CSR:
         return jnp.zeros((n, p), self.data.dtype).at[rows, self.indices].add(self.data)
 
     def to_scipy(self):
-        """The matrix as a ``scipy.sparse.csr_array`` (concrete CSR only)."""
+        """The matrix as a ``scipy.sparse.csr_array`` (concrete CSR only).
+
+        scipy has no bfloat16: bfloat16 values come back as (the same) float32 values.
+        """
         import scipy.sparse as sp
 
-        return sp.csr_array((np.asarray(self.data), np.asarray(self.indices),
-                             np.asarray(self.indptr)), shape=self.shape)
+        data = np.asarray(self.data)
+        if data.dtype == jnp.bfloat16:
+            data = data.astype(np.float32)
+        return sp.csr_array((data, np.asarray(self.indices), np.asarray(self.indptr)),
+                            shape=self.shape)
 
     def __repr__(self) -> str:
         return (f"CSR(shape={self.shape}, nnz={self.nnz}, dtype={self.dtype}, "
@@ -296,6 +312,9 @@ def _check_shape(shape) -> tuple[int, int]:
         raise ValueError(f"CSR: shape must be (n, p), got {shape=}") from None
     if n < 0 or p < 0:
         raise ValueError(f"CSR: shape must be non-negative, got {shape=}")
+    if max(n, p) > np.iinfo(_INDEX_DTYPE).max:
+        raise ValueError(f"CSR: n and p must be at most {np.iinfo(_INDEX_DTYPE).max} (int32 "
+                         f"row ids and column indices), got {shape=}")
     return n, p
 
 
@@ -324,7 +343,7 @@ def _check_arrays(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
     if indptr[0] != 0 or indptr[-1] != nnz:
         raise ValueError(f"CSR: indptr must start at 0 and end at nnz={nnz}, got "
                          f"indptr[0]={indptr[0]}, indptr[-1]={indptr[-1]}")
-    steps = np.diff(indptr)
+    steps = np.diff(indptr.astype(np.int64))  # a decreasing unsigned indptr would wrap
     if np.any(steps < 0):
         row = int(np.argmax(steps < 0))
         raise ValueError(f"CSR: indptr must be non-decreasing, but indptr[{row + 1}]="
@@ -376,8 +395,17 @@ def dense_as_csr(x: Float[Array, "n p"]) -> CSR:
     zeros), all rows fall in one bucket of width ``next_pow2(p)``, and no value
     check runs, so this works on tracers inside ``jax.jit``/``jax.vmap``.
     Gradients with respect to ``data`` reshape back to ``(n, p)``.
+
+    Raises:
+        ValueError: ``x`` is not 2-D, or has more than 2**31 - 1 entries (the
+            int32 row offsets would wrap).
     """
+    if x.ndim != 2:
+        raise ValueError(f"dense_as_csr: x must be 2-D (n, p), got {x.shape=}")
     n, p = x.shape
+    if n * p > np.iinfo(_INDEX_DTYPE).max:
+        raise ValueError(f"dense_as_csr: x may hold at most {np.iinfo(_INDEX_DTYPE).max} "
+                         f"entries (int32 row offsets), got {x.shape=}")
     obj = object.__new__(CSR)
     obj.data = x.reshape(-1)
     obj.indices = jnp.tile(jnp.arange(p, dtype=_INDEX_DTYPE), n)

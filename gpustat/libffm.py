@@ -20,6 +20,8 @@ from collections.abc import Iterable
 import numpy as np
 import scipy.sparse as sp
 
+from gpustat._checks import is_int
+
 __all__ = ["dump_libffm", "load_libffm"]
 
 
@@ -55,7 +57,8 @@ def load_libffm(source: str | os.PathLike | Iterable[str], *, n_features: int | 
     Args:
         source: a path, or an iterable of lines (an open file, a list of strings).
             Blank lines are skipped.
-        n_features: p; default one more than the largest feature index read.
+        n_features: p, a non-negative integer; default one more than the largest
+            feature index read.
         dtype: floating dtype of ``X``'s values.
 
     Returns:
@@ -64,10 +67,18 @@ def load_libffm(source: str | os.PathLike | Iterable[str], *, n_features: int | 
         field of each feature (0 for features that never occur).
 
     Raises:
+        TypeError: ``dtype`` is not floating or ``n_features`` not an integer.
         ValueError: a malformed label or triple, a negative index, a non-finite
             value, a feature under two fields, or a feature index >= ``n_features``
-            (each message names the line).
+            (each message names the line); a negative ``n_features``.
     """
+    if not np.issubdtype(dtype, np.floating):
+        raise TypeError(f"load_libffm: dtype must be a floating dtype, got {dtype=}")
+    if n_features is not None:
+        if not is_int(n_features):
+            raise TypeError(f"load_libffm: n_features must be an integer, got {n_features=}")
+        if n_features < 0:
+            raise ValueError(f"load_libffm: n_features must be >= 0, got {n_features=}")
     labels, rows, columns, values = [], [], [], []
     field_of: dict[int, tuple[int, int]] = {}  # feature -> (field, first line)
     for line_no, line in enumerate(_lines(source), start=1):
@@ -123,9 +134,10 @@ def dump_libffm(target: str | os.PathLike, X, y, field_ids) -> None:
         field_ids: ``(p,)`` non-negative integer field of each feature.
 
     Values are written with Python's shortest round-trip ``repr``, so
-    :func:`load_libffm` reads back the same float64 numbers.
+    :func:`load_libffm` reads back the same float64 numbers. ``X`` itself is
+    left as it was.
     """
-    X = sp.csr_matrix(X)
+    X = sp.csr_matrix(X, copy=True)  # summing and dropping zeros below work in place
     X.sum_duplicates()
     X.eliminate_zeros()
     y = np.asarray(y)

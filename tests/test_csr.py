@@ -78,6 +78,12 @@ def test_dense_as_csr_is_traceable_and_keeps_zeros():
     (([1.0], [0], [0, 1], (1,)), "shape must be"),
     (([1.0, 2.0, 1.0], [1, 1, 3], [0, 3], (1, 4)), "column 1 twice in row 0"),
     (([1.0, 2.0, 1.0, 1.0], [2, 0, 3, 0], [0, 1, 4], (2, 4)), "column 0 twice in row 1"),
+    # an unsigned indptr that decreases (its np.diff would wrap to a huge step)
+    (([1.0, 2.0], [0, 1], np.array([0, 2, 1, 2], np.uint64), (3, 3)),
+     "indptr must be non-decreasing"),
+    # columns or rows past int32 (column 2**31 + 1 would be stored as -2**31 + 1)
+    (([1.0], [2**31 + 1], [0, 1], (1, 2**31 + 5)), "n and p must be at most 2147483647"),
+    (([], np.zeros(0, np.int64), [0] * 2, (2**31, 1)), "n and p must be at most 2147483647"),
 ])
 def test_invalid_arrays_raise_value_error(args, message):
     with pytest.raises(ValueError, match=message):
@@ -103,3 +109,32 @@ def test_type_errors():
         CSR.from_dense(np.ones(3))
     with pytest.raises(ValueError, match="with_data"):
         CSR.from_dense(np.ones((2, 2))).with_data(jnp.ones(3))
+
+
+def test_from_scipy_sums_duplicates_before_casting_and_checks_dtype():
+    # hand-computed sums: int8 100 + 100 = 200 (scipy's own int8 sum wraps to -56), and
+    # float32 1 + 2**-30 is exact in the float64 asked for (a float32 sum rounds it to 1)
+    int8 = sp.coo_array((np.array([100, 100], np.int8), ([0, 0], [1, 1])), shape=(1, 2))
+    for dtype in (None, np.float64):
+        np.testing.assert_array_equal(np.asarray(CSR.from_scipy(int8, dtype=dtype).to_dense()),
+                                      [[0.0, 200.0]])
+    f32 = sp.coo_array((np.array([1.0, 2.0**-30], np.float32), ([0, 0], [1, 1])), shape=(1, 2))
+    assert float(CSR.from_scipy(f32, dtype=np.float64).data[0]) == 1.0 + 2.0**-30
+    assert CSR.from_scipy(f32).dtype == np.float32
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        CSR.from_scipy(sp.csr_array(np.array([[0.5, 1.5]])), dtype=np.int32)  # was [0, 1]
+
+
+def test_to_scipy_of_bfloat16_gives_the_same_values_as_float32():
+    x = np.array([[1.5, 0.0], [0.0, -2.25]])
+    S = CSR.from_dense(jnp.asarray(x, jnp.bfloat16)).to_scipy()
+    assert S.dtype == np.float32
+    np.testing.assert_array_equal(S.toarray(), x)
+
+
+def test_dense_as_csr_rejects_offsets_past_int32_and_non_2d():
+    # 2**16 x 2**15 entries: the int32 indptr would end at -2**31 (checked abstractly)
+    with pytest.raises(ValueError, match="at most 2147483647 entries"):
+        jax.eval_shape(dense_as_csr, jax.ShapeDtypeStruct((2**16, 2**15), jnp.float32))
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        dense_as_csr(jnp.ones(3))

@@ -69,3 +69,25 @@ def test_bad_dump_arguments_raise(tmp_path):
         dump_libffm(path, X, np.zeros(3), -np.ones(3, int))
     with pytest.raises(ValueError, match="n_features=2"):
         load_libffm(["1 0:2:1"], n_features=2)
+
+
+def test_dump_leaves_the_callers_matrix_unchanged(tmp_path):
+    # an explicit zero and an unsorted repeated column: dump sums and drops them on a copy
+    X = sp.csr_matrix((np.array([1.0, 0.0, 2.0, 3.0, 4.0, 5.0]), np.array([0, 1, 2, 2, 0, 2]),
+                       np.array([0, 3, 6])), shape=(2, 3))
+    arrays = [a.copy() for a in (X.data, X.indices, X.indptr)]
+    path = tmp_path / "x.ffm"
+    dump_libffm(path, X, np.array([1, 0]), np.array([0, 1, 2]))
+    for before, after in zip(arrays, (X.data, X.indices, X.indptr), strict=True):
+        np.testing.assert_array_equal(after, before)
+    assert path.read_text() == "1 0:0:1.0 2:2:2.0\n0 0:0:4.0 2:2:8.0\n"
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"dtype": np.int64}, TypeError, "dtype must be a floating dtype"),  # was 0.5 -> 0
+    ({"n_features": 2.5}, TypeError, "n_features must be an integer"),
+    ({"n_features": -1}, ValueError, "n_features must be >= 0"),
+])
+def test_bad_load_arguments_raise(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        load_libffm(["1 0:1:0.5"], **kwargs)
