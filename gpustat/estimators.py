@@ -124,6 +124,9 @@ class _FactorizationMachine(BaseEstimator):
         return fm_train.scatter_backend(self.backend)
 
     def _validate_X(self, X, *, reset: bool) -> sp.csr_matrix:
+        if sp.issparse(X) and X.dtype.kind in "biu":
+            # widened first: converting to CSR sums duplicates in X's dtype (int8 wraps)
+            X = X.astype(np.float64)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=reset)
         return self._prepared_X(X)
 

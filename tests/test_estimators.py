@@ -362,6 +362,18 @@ def test_ffm_too_large_without_field_ids_names_field_ids():
         FFMClassifier(max_iter=1).fit(X, np.array([0, 1, 0, 1]))
 
 
+def test_integer_sparse_duplicates_are_summed_without_wrapping():
+    # int8 COO entries 100 + 100 at one position: 200 (a conversion in int8 gives -56)
+    import scipy.sparse as sp
+
+    X, _fields, y = _data()
+    dense = np.zeros((4, 8))
+    dense[0, 1] = 200.0
+    coo = sp.coo_array((np.array([100, 100], np.int8), ([0, 0], [1, 1])), shape=(4, 8))
+    est = FMRegressor(max_iter=1, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(est.predict(coo), est.predict(dense))
+
+
 def test_l1_without_ftrl_raises():
     X, _fields, y = _data()
     with pytest.raises(ValueError, match="optimizer='ftrl'"):
