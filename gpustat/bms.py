@@ -86,8 +86,16 @@ def _is_concrete(*arrays) -> bool:
     return not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
+def _check_x64(name, x):
+    if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
+        # JAX would silently round it to float32
+        raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
+                        f"jax.config.update('jax_enable_x64', True) first, or pass float32")
+
+
 def _float_array(name, x, ndim=None):
     """``x`` as an array (no copy of jax/numpy arrays); floating dtype and ``ndim`` checked."""
+    _check_x64(name, x)
     x = jnp.asarray(x) if not isinstance(x, jax.Array | np.ndarray) else x
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating array, got {name}.dtype={x.dtype}")
@@ -97,9 +105,9 @@ def _float_array(name, x, ndim=None):
 
 
 def _common_float(*arrays):
-    """The arrays cast to their promoted floating dtype, so that no input is down-cast (the
-    kernels compute in one dtype)."""
-    dtype = jnp.result_type(*arrays)
+    """The arrays cast to their promoted floating dtype, at least float32, so that no input
+    is down-cast (the kernels compute in one dtype) and 16-bit inputs compute in float32."""
+    dtype = jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
     return [a.astype(dtype) for a in arrays]
 
 
@@ -170,11 +178,16 @@ def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
     Raises:
         ValueError: shape mismatch, degree > 3, non-clamped basis, s_f <= 0, y not in
             {0, 1}, w <= 0, non-finite inputs.
-        TypeError: traced inputs or a basis that is not a PiecewisePolynomial.
+        TypeError: traced inputs, a basis that is not a PiecewisePolynomial, or
+            ``jax_enable_x64`` off (the rows are float64).
     """
     if not _is_concrete(q, b, beta_h, beta_w, z_obs, y, w, s_f):
         raise TypeError("build_rows runs on the host: q, b, beta_h, beta_w, z_obs, y, w, s_f "
                         "must be concrete arrays, not tracers inside jax.jit")
+    if not jax.config.jax_enable_x64:
+        raise TypeError("build_rows returns float64 rows but jax_enable_x64 is off (JAX would "
+                        "round them to float32): call jax.config.update('jax_enable_x64', True) "
+                        "first")
     _check_s_f(s_f)
     beta_h = _check_basis("score_basis", score_basis, "beta_h", beta_h)
     beta_w = _check_basis("link_basis", link_basis, "beta_w", beta_w)
@@ -212,6 +225,8 @@ def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
     affine cells (normalised |k2|, |k3| <= 1e-10) reaching more than 32 standard
     deviations 1/sqrt(1 + C1²) each side of their midpoint, use the closed form with the
     integration-by-parts recurrence (which loses the high moments of narrower cells).
+    The rule cannot resolve the Gaussian on a much wider finite cell: keep other finite
+    cells within |z| <= 40 (as :func:`build_rows` does).
 
     Args:
         lo: (c,) lower bounds (``-inf`` allowed for affine tails).
@@ -265,6 +280,10 @@ def _check_rows(rows: BmsRows) -> None:
         got = getattr(rows, name).shape
         if got != shape:
             raise ValueError(f"rows.{name} must have shape {shape}, got rows.{name}.shape={got}")
+    for name in ("cell_offsets", "cell_status"):
+        dtype = getattr(rows, name).dtype
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise TypeError(f"rows.{name} must be an integer array, got rows.{name}.dtype={dtype}")
     m = rows.cell_moments
     if m.ndim != 2 or m.shape[0] != n_cells or m.shape[1] < reference.STAGE2_ORDER + 1:
         raise ValueError(f"rows.cell_moments must have shape ({n_cells}, K+1) with K >= 9, got "
@@ -442,7 +461,7 @@ def joint_gradient(derivs: RowDerivatives, x: Float[ArrayLike, "n p_m"],
                          f"{derivs.neglog.shape=}, {grad.shape=}")
     x, g, _ = _check_design_rows(grad.shape[0], grad.shape[1], x, g)
     resolve_backend(backend, op="bms.joint_gradient")
-    return reference.joint_gradient(derivs.neglog, grad, x, g)
+    return reference.joint_gradient(*_common_float(derivs.neglog, grad, x, g))
 
 
 @jax.tree_util.register_dataclass

@@ -11,8 +11,9 @@ over rows:
    clipped to |z| <= 40 (the normal mass beyond is below 1e-348, zero in float64); F_a
    by the same rule.
 2. The z-line is cut at the score knots and at ``(τ - a)/b`` for the link knots τ
-   (|b| > 1e-12); windows of width <= 1e-12 are dropped; the two outer cells are
-   semi-infinite affine tails (the bases are constant beyond their knots).
+   (|b| > 1e-12), and at z = ±40 where a cut lies beyond; windows of width <= 1e-12 are
+   dropped; the two outer cells are semi-infinite affine tails (the bases are constant
+   beyond their knots).
 3. On each cell the active pieces are re-expanded as cubics in the global z, giving
    C and the jets (:class:`BmsRows` fields); the observed point gives e_obs, χ, ξ,
    ρ, τ, r_uv.
@@ -133,9 +134,12 @@ def flat_cubic_basis(breakpoints: Float[ArrayLike, " P1"]) -> PiecewisePolynomia
     from scipy.interpolate import BSpline, PPoly
 
     x = np.asarray(breakpoints, dtype=np.float64)
+    if x.ndim != 1 or x.shape[0] < 5:
+        raise ValueError(f"flat_cubic_basis needs breakpoints of shape (P+1,) with P >= 4, got "
+                         f"breakpoints.shape={x.shape}")
+    if not (np.all(np.isfinite(x)) and np.all(np.diff(x) > 0)):
+        raise ValueError(f"breakpoints must be finite and strictly increasing, got {x}")
     pieces = x.shape[0] - 1
-    if pieces < 4:
-        raise ValueError(f"flat_cubic_basis needs >= 5 breakpoints, got {x.shape=}")
     knots = np.concatenate([[x[0]] * 3, x, [x[-1]] * 3])
     n_bsplines = pieces + 3
     groups = [[0, 1, 2], *[[j] for j in range(3, pieces)], [pieces, pieces + 1, pieces + 2]]
@@ -287,7 +291,16 @@ def _partition(model, a, b):
         safe_b = np.where(moving, b, 1.0)
         splits.append(np.where(moving[:, None], (tau[None, :] - a[:, None]) / safe_b[:, None],
                                np.nan))
-    pts = np.sort(np.concatenate(splits, axis=1), axis=1) if splits else np.zeros((n, 0))
+    pts = np.concatenate(splits, axis=1) if splits else np.zeros((n, 0))
+    # a finite cell reaching past |z| = 40 (link knots (τ - a)/b at small |b|) is cut there:
+    # Gauss-Legendre-384 on [2.5, 9e5] (b = 1e-6) missed the cell's whole mass, and beyond
+    # 40 the integrand is 0 in float64
+    for side in (-1.0, 1.0):
+        beyond = np.any(side * pts > QUAD_HALF_WIDTH, axis=1)
+        if np.any(beyond):
+            cut = np.where(beyond, side * QUAD_HALF_WIDTH, np.nan)
+            pts = np.concatenate([pts, cut[:, None]], axis=1)
+    pts = np.sort(pts, axis=1)
     inf = np.full((n, 1), np.inf)
     # NaN splits (b ~ 0, or a = NaN) sort last; a NaN bound invalidates its window
     lo = np.concatenate([-inf, pts], axis=1)

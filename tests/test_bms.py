@@ -19,36 +19,24 @@ from tests.oracles.bms_objective import make_row_objective
 AUTODIFF = tol(np.float64, "autodiff")
 
 
-@pytest.fixture(scope="module")
-def flexible():
-    """Three random flexible rows (p_h = 4, p_w = 3, r = 9) and the oracle's derivatives."""
-    rng = np.random.default_rng(0)
+def _flexible_rows_and_oracle(q, b, beta_h, beta_w, z_obs, y, w, s_f=0.9):
+    """build_rows of flexible rows (score knots -2.5..2.5, link knots -3..3) and the
+    autodiff oracle's (neglog, grad, hess)."""
     score = bms.flat_cubic_basis(np.linspace(-2.5, 2.5, 6))
     link = bms.flat_cubic_basis(np.linspace(-3.0, 3.0, 5))
-    n, p_h, p_w, s_f = 3, 4, 3, 0.9
-    q = rng.normal(size=n) * 0.8
-    b = 0.5 + rng.random(n)
-    beta_h = rng.normal(size=p_h) * 0.3
-    beta_w = rng.normal(size=p_w) * 0.2
-    z_obs = rng.normal(size=n)
-    y = np.array([1.0, 0.0, 1.0])
-    w = 0.5 + rng.random(n)
     rows = bms.build_rows(q, b, beta_h, beta_w, score, link, z_obs, y, w, s_f,
                           backend="reference")
     _, _, value_grad_hessian = make_row_objective(
         (np.asarray(score.breakpoints), np.asarray(score.coeffs)),
-        (np.asarray(link.breakpoints), np.asarray(link.coeffs)), p_h, p_w, s_f)
+        (np.asarray(link.breakpoints), np.asarray(link.coeffs)), len(beta_h), len(beta_w), s_f)
+    n = len(q)
     theta = np.concatenate([q[:, None], b[:, None], np.tile(beta_h, (n, 1)),
                             np.tile(beta_w, (n, 1))], axis=1)
-    oracle = jax.jit(jax.vmap(value_grad_hessian))(theta, z_obs, y, w)
-    return rows, oracle
+    return rows, jax.jit(jax.vmap(value_grad_hessian))(theta, z_obs, y, w)
 
 
-@pytest.mark.parametrize("backend", ["reference", "interpret"])
-def test_flexible_rows_match_autodiff_oracle(flexible, backend):
-    rows, (neglog, grad, hess) = flexible
-    out = bms.row_derivatives(rows, backend=backend)
-    assert rows.r == 9 and np.all(np.diff(np.asarray(rows.cell_offsets)) == 12)
+def _assert_match_oracle(out, oracle):
+    neglog, grad, hess = oracle
     assert np.all(np.asarray(out.status) == 0)
     assert_close(out.neglog, neglog, rtol=AUTODIFF)
     # relative to each row's largest entry: small entries cancel
@@ -57,6 +45,43 @@ def test_flexible_rows_match_autodiff_oracle(flexible, backend):
         err = np.abs(np.asarray(got) - np.asarray(want)).reshape(want.shape[0], -1)
         assert np.all(err.max(axis=1) <= AUTODIFF * scale), err.max(axis=1) / scale
     assert np.array_equal(np.asarray(out.hess), np.swapaxes(np.asarray(out.hess), 1, 2))
+
+
+@pytest.fixture(scope="module")
+def flexible():
+    """Three random flexible rows (p_h = 4, p_w = 3, r = 9) and the oracle's derivatives."""
+    rng = np.random.default_rng(0)
+    n, p_h, p_w = 3, 4, 3
+    q = rng.normal(size=n) * 0.8
+    b = 0.5 + rng.random(n)
+    beta_h = rng.normal(size=p_h) * 0.3
+    beta_w = rng.normal(size=p_w) * 0.2
+    z_obs = rng.normal(size=n)
+    y = np.array([1.0, 0.0, 1.0])
+    w = 0.5 + rng.random(n)
+    return _flexible_rows_and_oracle(q, b, beta_h, beta_w, z_obs, y, w)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_flexible_rows_match_autodiff_oracle(flexible, backend):
+    rows, oracle = flexible
+    out = bms.row_derivatives(rows, backend=backend)
+    assert rows.r == 9 and np.all(np.diff(np.asarray(rows.cell_offsets)) == 12)
+    _assert_match_oracle(out, oracle)
+
+
+def test_flexible_rows_with_slopes_near_zero_match_autodiff_oracle():
+    # small |b| puts the link knots' cuts (τ - a)/b far out: Gauss-Legendre on the finite
+    # cells [2.5, 9e5] and [-6e5, -2.5] (b = 1e-6) missed their whole mass, status 0 with
+    # the gradient 1e-2 off; the cells are now cut at |z| = 40
+    rng = np.random.default_rng(3)
+    rows, oracle = _flexible_rows_and_oracle(
+        np.array([0.4, -0.6, 1.1]), np.array([1e-6, -2e-5, 1e-4]), rng.normal(size=4) * 0.3,
+        rng.normal(size=3) * 0.2, np.array([0.7, -0.2, 1.5]), np.array([1.0, 0.0, 1.0]),
+        np.ones(3))
+    lo = np.asarray(rows.cell_lo)
+    assert np.abs(lo[np.isfinite(lo)]).max() > 1e4
+    _assert_match_oracle(bms.row_derivatives(rows, backend="reference"), oracle)
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
@@ -197,6 +222,20 @@ def test_build_rows_bad_input(changes, match):
         _build(**changes)
 
 
+@pytest.mark.parametrize(
+    ("breakpoints", "match"),
+    [
+        ([0.0, 1.0, 2.0, 3.0], "P >= 4"),
+        ([[0.0, 1.0, 2.0, 3.0, 4.0]], "shape"),
+        ([0.0, 1.0, 1.0, 2.0, 3.0], "strictly increasing"),    # was a numpy broadcast error
+        ([0.0, 1.0, 2.0, 3.0, np.inf], "finite"),
+    ],
+)
+def test_flat_cubic_basis_bad_input(breakpoints, match):
+    with pytest.raises(ValueError, match=f"breakpoints.*{match}|{match}.*breakpoints"):
+        bms.flat_cubic_basis(breakpoints)
+
+
 def test_row_derivatives_bad_input(flexible):
     rows, _ = flexible
     with pytest.raises(ValueError, match="2 \\+ p_h \\+ p_w"):
@@ -213,6 +252,9 @@ def test_row_derivatives_bad_input(flexible):
         bms.row_derivatives(dataclasses.replace(rows, r_uv=rows.r_uv[:, :-1]))
     with pytest.raises(TypeError, match="BmsRows"):
         bms.row_derivatives({"rows": 1})
+    # float offsets failed inside the reference's indexing (and passed the kernels)
+    with pytest.raises(TypeError, match=r"rows\.cell_offsets must be an integer array"):
+        bms.row_derivatives(dataclasses.replace(rows, cell_offsets=rows.cell_offsets * 1.0))
     with pytest.raises(ValueError, match="backend"):
         bms.row_derivatives(rows, backend="cuda")
 
@@ -296,3 +338,57 @@ def test_mixed_precision_inputs_are_promoted(backend):
     moments, _ = bms.cell_moments(lo, hi, c.astype(np.float32), order=15, backend=backend)
     assert moments.dtype == jnp.float64
     assert_close(moments[:, :10], expected, rtol=rtol, atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_16bit_inputs_compute_in_float32(backend):
+    """bfloat16 Hessians, designs and cells compute in float32 on every backend (the
+    reference computed in bfloat16: diagonal 3e-3, moments 5e-3 off)."""
+    rng = np.random.default_rng(8)
+    hess, x, g = (jnp.asarray(a, jnp.bfloat16)
+                  for a in tables.random_row_hessians(rng, 37, 7, 4, 3))
+    dense = tables.dense_joint_loops(*(np.asarray(a, np.float64) for a in (hess, x, g)))
+    rtol = tol(np.float32, "oracle")
+    diag = bms.joint_diagonal(hess, x, g, backend=backend)
+    assert diag.dtype == jnp.float32
+    assert_close(diag, np.diag(dense), rtol=10 * rtol)
+    # cells whose bounds and coefficients bfloat16 holds exactly
+    lo, hi, c, expected = tables.cells_array([tables.MOMENT_CELLS[i] for i in (0, 5, 9)])
+    moments, _ = bms.cell_moments(*(jnp.asarray(a, jnp.bfloat16) for a in (lo, hi, c)),
+                                  backend=backend)
+    assert moments.dtype == jnp.float32
+    assert_close(moments, expected, rtol=10 * rtol, atol=1e-6)
+
+
+def test_joint_gradient_promotes_mixed_dtypes():
+    """A float32 marginal design with a float64 slope design: the score is float64 (g was
+    rounded to float32, 4e-8 off)."""
+    rng = np.random.default_rng(2)
+    n, r = 3, 4
+    neglog, grad = rng.random(n), rng.normal(size=(n, r))
+    x, g = rng.normal(size=(n, 2)).astype(np.float32), rng.normal(size=(n, 2))
+    derivs = bms.RowDerivatives(jnp.asarray(neglog), jnp.asarray(grad), jnp.zeros((n, r, r)),
+                                jnp.zeros(n, jnp.int32))
+    score = np.zeros(2 + 2 + r - 2)
+    for i in range(n):
+        score[:2] -= grad[i, 0] * x[i].astype(np.float64)
+        score[2:4] -= grad[i, 1] * g[i]
+        score[4:] -= grad[i, 2:]
+    out = bms.joint_gradient(derivs, x, g)
+    assert out.dtype == jnp.float64
+    assert_close(out, np.concatenate([[-neglog.sum()], score]), rtol=1e-14)
+
+
+def test_float64_input_without_x64_is_rejected():
+    """With jax_enable_x64 off, float64 input raises instead of being rounded to float32."""
+    hess, x, g = np.zeros((2, 3, 3)), np.ones((2, 1), np.float32), np.ones((2, 1), np.float32)
+    with jax.enable_x64(False):
+        with pytest.raises(TypeError, match="hess is float64 but jax_enable_x64 is off"):
+            bms.joint_diagonal(hess, x, g, backend="reference")
+        with pytest.raises(TypeError, match="lo is float64 but jax_enable_x64 is off"):
+            bms.cell_moments(np.zeros(1), np.ones(1, np.float32), np.zeros((1, 4), np.float32),
+                             backend="reference")
+        with pytest.raises(TypeError, match="build_rows returns float64 rows"):
+            bms.build_rows([0.3], [0.8], None, None, None, None, [0.5], [1], [1.0])
+        diag = bms.joint_diagonal(hess.astype(np.float32), x, g, backend="reference")
+    assert diag.dtype == np.float32
