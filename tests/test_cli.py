@@ -1,5 +1,6 @@
 """The command line: info, demo (and its clear errors), bench argument and device checks."""
 
+import os
 import subprocess
 import sys
 
@@ -9,9 +10,9 @@ from gpustat import __main__ as cli
 from gpustat._backend import cuda_gpu_available
 
 
-def _run(*args):
+def _run(*args, env=None):
     return subprocess.run([sys.executable, "-m", "gpustat", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
 
 
 def test_info_lists_versions_devices_and_kernels():
@@ -54,3 +55,11 @@ def test_bench_without_gpu_exits_before_running_or_recording(tmp_path):
     with pytest.raises(SystemExit, match=r"benchmarks of \['piecewise'\] need a CUDA GPU"):
         cli.bench(["piecewise"], quick=True, out=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_without_x64_skips_the_float64_capabilities_and_says_so():
+    result = _run("demo", "--only", "border", "numerics", env={**os.environ, "GPUSTAT_X32": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "skipping border: float64 only" in result.stderr
+    rows = [line.split()[0] for line in result.stdout.splitlines()[2:] if line.strip()]
+    assert "numerics" in rows and "border" not in rows

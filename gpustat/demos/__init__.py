@@ -3,7 +3,9 @@
 A demo module defines ``CAPABILITY`` (the module name it exercises) and
 ``run(backend: str, small: bool) -> list[DemoRow]``: it builds small synthetic
 data, runs the capability through ``backend`` (``"reference"`` or a kernel
-backend), compares with the reference or an oracle and times the call.
+backend), compares with the reference or an oracle and times the call. A module
+whose capability is float64 only sets ``FLOAT64_ONLY = True``: the demo skips it
+(and says so) when 64-bit types are off.
 """
 
 from __future__ import annotations

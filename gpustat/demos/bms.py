@@ -12,6 +12,7 @@ from gpustat import bms
 from gpustat.demos import DemoRow, max_rel_error, timed
 
 CAPABILITY = "bms"
+FLOAT64_ONLY = True  # skipped when 64-bit types are off (GPUSTAT_X32=1)
 
 
 def run(backend: str, small: bool) -> list[DemoRow]:

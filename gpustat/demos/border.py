@@ -10,6 +10,7 @@ from gpustat.border import BorderBatch, solve_batched_border
 from gpustat.demos import DemoRow, max_rel_error, timed
 
 CAPABILITY = "border"
+FLOAT64_ONLY = True  # skipped when 64-bit types are off (GPUSTAT_X32=1)
 RIDGE = 1e-6
 
 
