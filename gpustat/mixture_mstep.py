@@ -23,8 +23,16 @@ import jax
 import jax.numpy as jnp
 
 from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import DirichletPrior, NIWPrior, StickBreakingPrior, niw_posterior
+from gpustat.mixture_priors import (
+    DirichletPrior,
+    NIWPrior,
+    StickBreakingPrior,
+    check_component_prior,
+    check_weight_prior,
+    niw_posterior,
+)
 from gpustat.mixture_priors import stick_weights as _stick_weights
+from gpustat.mixture_validation import is_concrete
 
 __all__ = ["m_step"]
 
@@ -53,14 +61,18 @@ def _mark_unresolved(covariances, stats: SuffStats, nk, covariance_type: str):
     a component sitting on one repeated point, and is reported instead of silently
     inverted. The floor is per feature, so rescaling a feature rescales its pivot and
     its floor alike (features of very different scales are not flagged); the spherical
-    variance, a mean over features, gets the mean of their floors.
+    variance, a mean over features, gets the mean of their floors. The tied covariance
+    cancels in the pooled moments sum_j S2_j / sum_j N_j, so its floor is theirs (a small
+    far component leaves it resolved).
     """
     dtype = nk.dtype
     p = stats.sum_x.shape[-1]
-    second = jnp.diagonal(stats.sum_xx, axis1=-2, axis2=-1) / nk[:, None]
-    floor = 10 * p * jnp.finfo(dtype).eps * second  # (k, p)
+    second_sums = jnp.diagonal(stats.sum_xx, axis1=-2, axis2=-1)  # (k, p)
     if covariance_type == "tied":
-        floor = jnp.max(floor, axis=0)
+        second = jnp.sum(second_sums, axis=0) / jnp.sum(nk)
+    else:
+        second = second_sums / nk[:, None]
+    floor = 10 * p * jnp.finfo(dtype).eps * second
     if covariance_type in ("full", "tied"):
         pivots = jnp.diagonal(jnp.linalg.cholesky(covariances), axis1=-2, axis2=-1) ** 2
         bad = ~jnp.all(pivots > floor, axis=-1)
@@ -76,14 +88,22 @@ def _map_weights(nk, prior):
     if isinstance(prior, DirichletPrior):
         w = jnp.maximum(nk + prior.alpha - 1, 0)
         return w / jnp.sum(w)
-    if isinstance(prior, StickBreakingPrior):
-        tail = jnp.cumsum(nk[::-1])[::-1]  # sum_{l >= j} N_l
-        tiny = jnp.finfo(nk.dtype).eps
-        v = jnp.clip(nk / (prior.alpha - 1 + tail), tiny, 1 - tiny)
-        v = v.at[-1].set(1.0)
-        return _stick_weights(v)
-    raise TypeError(f"weight_prior must be DirichletPrior, StickBreakingPrior or None, got "
-                    f"{type(prior).__name__}")
+    tail = jnp.cumsum(nk[::-1])[::-1]  # stick-breaking: sum_{l >= j} N_l
+    tiny = jnp.finfo(nk.dtype).eps
+    v = jnp.clip(nk / (prior.alpha - 1 + tail), tiny, 1 - tiny)
+    v = v.at[-1].set(1.0)
+    return _stick_weights(v)
+
+
+def _check_stats(stats) -> None:
+    """Raise unless ``stats`` is one set of :class:`SuffStats`: (k,), (k, p), (k, p, p)."""
+    if not isinstance(stats, SuffStats):
+        raise TypeError(f"stats must be a SuffStats, got {type(stats).__name__}")
+    shapes = [stats.counts.shape, stats.sum_x.shape, stats.sum_xx.shape]
+    k, p = shapes[0][:1], shapes[1][-1:]
+    if len(shapes[0]) != 1 or shapes != [k, k + p, k + p + p]:
+        raise ValueError("stats must hold counts (k,), sum_x (k, p) and sum_xx (k, p, p) "
+                         f"(jax.vmap m_step over batched statistics), got shapes {shapes}")
 
 
 def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float = 1e-6,
@@ -97,13 +117,26 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
         reg_covar: non-negative value added to every covariance diagonal.
         weight_prior: optional Dirichlet or stick-breaking prior on the weights (MAP).
         component_prior: optional normal-inverse-Wishart prior (MAP; full covariance only).
+            Priors are checked as :func:`fit_em` checks them and compute in the dtype of
+            ``stats``.
 
     Returns:
         :class:`MixtureParams` in the dtype of ``stats``. A component whose covariance is
         not positive definite, or below the resolution of raw moments (a collapsed
         component), has NaN covariance and precision factors (the drivers report it).
+
+    Raises:
+        TypeError: ``stats`` is not a :class:`SuffStats`, or a prior of the wrong type.
+        ValueError: batched or inconsistent statistics' shapes, a negative ``reg_covar``,
+            an improper prior, or a prior's shapes not matching p.
     """
-    eps = jnp.finfo(stats.counts.dtype).eps
+    _check_stats(stats)
+    if is_concrete(reg_covar) and not float(reg_covar) >= 0:
+        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+    dtype = stats.counts.dtype
+    weight_prior = check_weight_prior(weight_prior, dtype)
+    component_prior = check_component_prior(component_prior, stats.sum_x.shape[-1], dtype)
+    eps = jnp.finfo(dtype).eps
     nk = stats.counts + 10 * eps
     weights = _map_weights(nk, weight_prior)
     if component_prior is None:

@@ -165,11 +165,11 @@ def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: 
         return _reference.responsibilities(X, params)
 
     def kernel(X, params):
-        kw = _kernel_kwargs(path, precision)
         Xs, params_s, _ = _centred(X, params)
-        log_dens = _kernels.mvn_logpdf(Xs, params_s, **kw)
-        lse = _kernels.log_prob(Xs, params_s, **kw)
-        return jnp.exp(log_dens + jnp.log(params.weights) - lse[:, None])
+        log_dens = _kernels.mvn_logpdf(Xs, params_s, **_kernel_kwargs(path, precision))
+        # normalise these logits: a log p(x) from another pass rounds differently (float32
+        # rows 1000 sd from every component, |log N| ~ 1e6, summed to 1.06)
+        return jax.nn.softmax(log_dens + jnp.log(params.weights), axis=1)
 
     return _with_reference_derivatives(kernel, _reference.responsibilities, X, params)
 

@@ -7,6 +7,8 @@ Shape and dtype checks are static (they work under ``jax.jit``); value checks
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +57,8 @@ def integers_as_float(X):
 
 
 def check_params(params, n_features: int, dtype) -> MixtureParams:
-    """``params`` cast to ``dtype`` after checking every array's shape against (k, p)."""
+    """``params`` cast to ``dtype`` after checking every array's shape against (k, p) and,
+    when concrete, the weights (finite, non-negative, summing to 1)."""
     if not isinstance(params, MixtureParams):
         raise TypeError(f"params must be a MixtureParams, got {type(params).__name__}")
     kind = params.covariance_type
@@ -73,7 +76,23 @@ def check_params(params, n_features: int, dtype) -> MixtureParams:
                              f"{expected}, got {shape}")
     if params.weights.shape != (k,):
         raise ValueError(f"params.weights must be ({k},), got {params.weights.shape=}")
+    _check_weights(params.weights, dtype)
     return jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+
+
+def _check_weights(weights, dtype) -> None:
+    """Raise unless concrete weights are finite, non-negative and sum to 1 within the square
+    root of their float epsilon (unnormalised weights would shift every log p(x))."""
+    if not is_concrete(weights):
+        return
+    weights = jnp.asarray(weights)
+    own = weights.dtype if jnp.issubdtype(weights.dtype, jnp.floating) else dtype
+    with jax.ensure_compile_time_eval():  # also when jit closes over concrete weights
+        valid = bool(jnp.all(jnp.isfinite(weights) & (weights >= 0)))
+        total, low = float(jnp.sum(weights)), float(jnp.min(weights))
+    if not (valid and abs(total - 1) <= math.sqrt(jnp.finfo(own).eps)):
+        raise ValueError(f"params.weights must be finite, non-negative and sum to 1, got "
+                         f"sum={total!r}, min={low!r}")
 
 
 def check_sample_weight(sample_weight, n: int, dtype):
