@@ -118,8 +118,9 @@ class PiecewisePolynomial:
         if _is_concrete(breakpoints):
             bp = np.asarray(breakpoints, dtype=np.float64)
             if not np.all(np.isfinite(bp)):
-                raise ValueError(f"breakpoints must be finite, got {int(np.sum(~np.isfinite(bp)))} "
-                                 f"non-finite value(s) in {breakpoints.shape=}")
+                raise ValueError(f"breakpoints must be finite (in {coeffs.dtype}), got "
+                                 f"{int(np.sum(~np.isfinite(bp)))} non-finite value(s) in "
+                                 f"{breakpoints.shape=}")
             steps = np.diff(bp)
             if np.any(steps <= 0):
                 k = int(np.argmax(steps <= 0))
@@ -210,7 +211,7 @@ class PiecewisePolynomial:
         of degree nu: an "extend" object with one such piece on each side (P + 2 pieces).
         """
         _check_order(nu, "nu")
-        mode = "nan" if self.extrapolate == "periodic" else self.extrapolate
+        mode = "nan" if self.extrapolate == "periodic" and nu > 0 else self.extrapolate
         coeffs = _antiderivative_jit(self.breakpoints, self.coeffs, nu)
         if self.extrapolate != "clamp" or nu == 0:
             return self._replace(coeffs, mode)
@@ -233,7 +234,13 @@ class PiecewisePolynomial:
         Returns:
             (*t,) in ``self.dtype``: NaN under "nan" when a bound is outside
             [x_0, x_P]; "clamp" integrates the clamped function.
+
+        Raises:
+            TypeError: complex ``a`` or ``b``.
         """
+        for name, bound in (("a", a), ("b", b)):
+            if jnp.iscomplexobj(bound):
+                raise TypeError(f"{name} must be real, got {name}.dtype={jnp.asarray(bound).dtype}")
         return _integrate_jit(self.breakpoints, self.coeffs, a, b, extrapolate=self.extrapolate)
 
     # -- converters ---------------------------------------------------------------------
@@ -297,8 +304,8 @@ class PiecewisePolynomial:
             raise ValueError(f"partition_points must have shape (P+1,) = ({soa.shape[1] + 1},), "
                              f"got {points.shape=}")
         local = _taylor_shift(soa, points[:-1])
-        out_dtype = dtype or (np.asarray(coeffs).dtype if np.issubdtype(np.asarray(coeffs).dtype,
-                                                                        np.floating) else None)
+        out_dtype = dtype or (np.asarray(coeffs).dtype if jnp.issubdtype(np.asarray(coeffs).dtype,
+                                                                         jnp.floating) else None)
         return cls(points, jnp.asarray(local, dtype=out_dtype), extrapolate=extrapolate)
 
     def to_torchpace(self, aos: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -428,10 +435,10 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
         # operands now, so the kernel tables are built once on the host.
         with jax.ensure_compile_time_eval():
             breakpoints = pp.breakpoints.astype(cdt)
-            coeffs = _derivative_jit(pp.coeffs, nu).astype(cdt)
+            coeffs = _derivative_jit(pp.coeffs.astype(cdt), nu)
     else:
         breakpoints = pp.breakpoints.astype(cdt)
-        coeffs = ref.derivative_coeffs(pp.coeffs, nu).astype(cdt)
+        coeffs = ref.derivative_coeffs(pp.coeffs.astype(cdt), nu)
     if 0 in pp.trailing_shape:  # no polynomials to evaluate
         return jnp.zeros(x.shape + pp.trailing_shape, x.dtype)
     tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)

@@ -43,9 +43,10 @@ EXTRAPOLATE_MODES = ("extend", "nan", "clamp", "periodic")
 def horner(coeffs: jax.Array, u: jax.Array, skip_leading_zeros: bool = True) -> jax.Array:
     """sum_k coeffs[k] * u ** (D - k) by Horner's rule, skipping leading zeros.
 
-    ``acc == 0`` restarts at the next coefficient: for finite u this equals
-    ``0 * u + c`` exactly, and at u = +-inf it avoids 0 * inf. A NaN u gives NaN
-    (also for an all-zero polynomial).
+    ``acc == 0`` restarts at the next coefficient only where u = +-inf, avoiding
+    0 * inf there; for finite u the plain step ``0 * u + c`` is already c exactly,
+    and it keeps the gradient of a zero accumulator (a zero leading coefficient,
+    or a root passed on the way). A NaN u gives NaN (also for an all-zero polynomial).
 
     Args:
         coeffs: (D+1, ...) highest power first, broadcastable against ``u``.
@@ -54,9 +55,10 @@ def horner(coeffs: jax.Array, u: jax.Array, skip_leading_zeros: bool = True) -> 
             in ``coeffs``: the form a coefficient tangent needs.
     """
     acc = jnp.broadcast_to(coeffs[0], jnp.broadcast_shapes(coeffs.shape[1:], u.shape))
+    at_inf = jnp.isinf(u)
     for k in range(1, coeffs.shape[0]):
         step = acc * u + coeffs[k]
-        acc = jnp.where(acc == 0, coeffs[k], step) if skip_leading_zeros else step
+        acc = jnp.where((acc == 0) & at_inf, coeffs[k], step) if skip_leading_zeros else step
     return jnp.where(u != u, u, acc) if skip_leading_zeros else acc
 
 
@@ -203,7 +205,12 @@ def integrate_reference(breakpoints: jax.Array, coeffs: jax.Array, a, b, *,
         y_hi = ppoly_eval_reference(breakpoints, coeffs, hi, extrapolate="extend")
         below = expand(jnp.clip(lo - a, 0.0) - jnp.clip(lo - b, 0.0))
         above = expand(jnp.clip(b - hi, 0.0) - jnp.clip(a - hi, 0.0))
-        total = anti_at(bc, "extend") - anti_at(ac, "extend") + below * y_lo + above * y_hi
+
+        def flat(length, value):  # a zero end value adds 0, also over an infinite length
+            return jnp.where(value == 0, 0.0, length * value)
+
+        total = (anti_at(bc, "extend") - anti_at(ac, "extend") + flat(below, y_lo)
+                 + flat(above, y_hi))
     else:
         total = anti_at(b, extrapolate) - anti_at(a, extrapolate)
     return expand(sign) * total
