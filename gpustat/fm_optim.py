@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from gpustat._checks import check_real
@@ -50,9 +51,13 @@ def _touched_tree(touched, params_like):
 def _check_number(name: str, value, low: float, high: float = math.inf, *,
                   low_open: bool = False) -> None:
     """:func:`~gpustat._checks.check_real` of a plain number; arrays pass unchecked
-    (hyperparameters injected under a trace)."""
+    (hyperparameters injected under a trace); anything else (a string, None, an optax
+    schedule) is a ``TypeError`` naming ``name``, not a failure inside ``update``."""
     if isinstance(value, numbers.Real):
         check_real(value, name, low, high, low_open=low_open)
+    elif not isinstance(value, jax.Array | np.ndarray):
+        raise TypeError(f"{name} must be a real number or an array (schedules are not "
+                        f"supported), got {name}={value!r}")
 
 
 def _where(mask, new, old):
@@ -83,6 +88,7 @@ def lazy_sgd(learning_rate: float) -> optax.GradientTransformationExtraArgs:
 
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0.
+        TypeError: ``learning_rate`` neither a real number nor an array.
     """
     _check_number("learning_rate", learning_rate, 0, low_open=True)
 
@@ -118,6 +124,7 @@ def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTran
 
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0, or ``eps`` < 0.
+        TypeError: a hyperparameter neither a real number nor an array.
     """
     _check_number("learning_rate", learning_rate, 0, low_open=True)
     _check_number("eps", eps, 0)
@@ -170,6 +177,7 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0, ``b1`` or ``b2`` outside
             ``[0, 1)``, or ``eps`` < 0.
+        TypeError: a hyperparameter neither a real number nor an array.
     """
     _check_number("learning_rate", learning_rate, 0, low_open=True)
     for name, value in (("b1", b1), ("b2", b2)):
@@ -177,19 +185,25 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
     _check_number("eps", eps, 0)
 
     def init(params):
-        return LazyAdamState(*(jax.tree.map(jnp.zeros_like, params) for _ in range(3)))
+        # int32 step counts: a 16-bit count stops at 256 (bfloat16) or 2048 (float16)
+        count = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params)
+        return LazyAdamState(*(jax.tree.map(jnp.zeros_like, params) for _ in range(2)), count)
 
     def update(grads, state, params=None, *, touched=None, **extra):
         del params, extra
         touched = _touched_tree(touched, grads)
 
         def one(g, m, v, c, t):
+            # 16-bit moments step in float32: in bfloat16 b2 = 0.999 rounds to 1, and
+            # 1 - b2^t = 0 made every step 0
+            dtype = jnp.promote_types(m.dtype, jnp.float32)
+            gc = g.astype(dtype)
             c_new = c + 1
-            m_new = b1 * m + (1 - b1) * g
-            v_new = b2 * v + (1 - b2) * g * g
+            m_new = b1 * m.astype(dtype) + (1 - b1) * gc
+            v_new = b2 * v.astype(dtype) + (1 - b2) * gc * gc
             # untouched coordinates may have count 0; the max keeps their unused
             # branch finite
-            steps = jnp.maximum(c_new, 1)
+            steps = jnp.maximum(c_new, 1).astype(dtype)
             m_hat = m_new / (1 - b1**steps)
             v_hat = v_new / (1 - b2**steps)
             step = -learning_rate * _step_ratio(m_hat, jnp.sqrt(v_hat) + eps)
@@ -239,6 +253,8 @@ def ftrl(learning_rate: float, beta: float = 1.0, l1: Any = 0.0,
     Raises:
         ValueError: ``learning_rate`` not a finite number > 0, or ``beta``, ``l1`` or
             ``l2`` negative.
+        TypeError: a hyperparameter (or a leaf of ``l1``, ``l2``) neither a real number
+            nor an array.
     """
     _check_number("learning_rate", learning_rate, 0, low_open=True)
     _check_number("beta", beta, 0)
