@@ -13,7 +13,9 @@ Accuracy (max relative error against mpmath over [-1e3, 1e3], tests
 ``tests/reference/test_numerics.py``): float64 <= 2e-15 for ``erfc``, ``erfcx``,
 ``ndtr``, ``log_ndtr``, the Mills ratio, and <= 1e-14 for ``probit_curvature``;
 float32 <= 2e-6 (curvature <= 5e-6, from the cancellation in x + λ near x = -3)
-wherever the result is a normal float32. Special values follow
+wherever the result is at least 1e-300 (float64) or 16 times the smallest normal
+float32 (just above underflow C is 0 where λ ≈ φ is subnormal: x in (37.62, 37.71]
+in float64, (13.15, 13.34] in float32). Special values follow
 ``../shared/specs/bms_flex.md`` A.6 (NaN -> NaN; ``log_ndtr(+inf) = 0``,
 ``log_ndtr(-inf) = -inf``, ``λ(-inf) = +inf``, ``C(-inf) = 1``, ``C(+inf) = 0``).
 Where the spec restricts ``erfcx`` to x >= 0 (NaN below), gpustat follows
@@ -51,12 +53,14 @@ __all__ = [
     "probit_curvature",
 ]
 
-_TWO_OVER_SQRT_PI = 1.1283791670955126
-
 
 def _as_float(x: ArrayLike, name: str) -> jax.Array:
     """Validate ``x``: real numbers; integers become the default float dtype."""
-    x = jnp.asarray(x)
+    try:
+        x = jnp.asarray(x)
+    except (TypeError, ValueError) as err:
+        got = getattr(x, "dtype", type(x).__name__)
+        raise TypeError(f"numerics.{name}: x must be real numbers, got {got}") from err
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
         raise TypeError(f"numerics.{name}: x must be real floating point, got {x.dtype=}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -103,10 +107,12 @@ def _public(name: str, derivative: Callable) -> Callable:
 
 
 def _mills(x):
-    return _ref.log_ndtr_and_mills(x)[1]
+    # λ with its own custom_jvp (λ' = -C): (log Φ)'' = -C is then exact, not the derivative
+    # of the reference's rational approximations (NaN where x^2 overflows and at ±inf).
+    return _log_ndtr_and_mills(x, "reference")[1]
 
 
-erfc = _public("erfc", lambda x, y: -_TWO_OVER_SQRT_PI * jnp.exp(-x * x))
+erfc = _public("erfc", _ref.erfc_derivative)
 erfc.__doc__ = """Complementary error function ``erfc(x) = 1 - erf(x)``.
 
     Args:
@@ -133,7 +139,7 @@ erfcx.__doc__ = """Scaled complementary error function ``exp(x^2) erfc(x)``.
         Array of ``x``'s shape and dtype.
     """
 
-ndtr = _public("ndtr", lambda x, y: 0.3989422804014327 * jnp.exp(-0.5 * x * x))
+ndtr = _public("ndtr", _ref.ndtr_derivative)
 ndtr.__doc__ = """Standard normal CDF ``Φ(x)``, accurate in relative terms in the left tail.
 
     Args:
@@ -179,8 +185,13 @@ def _log_ndtr_and_mills(x, backend):
 def _log_ndtr_and_mills_jvp(backend, primals, tangents):
     (x,), (dx,) = primals, tangents
     log_cdf, mills = _log_ndtr_and_mills(x, backend)
-    curvature = _ref.probit_curvature(x.astype(compute_dtype(x.dtype))).astype(x.dtype)
-    return (log_cdf, mills), (mills * dx, -curvature * dx)
+    # In the compute dtype, as _public: 16-bit tangents are rounded once. The curvature is
+    # the public op, whose custom_jvp (C') makes λ'' = -C' exact.
+    cdt = compute_dtype(x.dtype)
+    mills_c = mills if x.dtype == cdt else _log_ndtr_and_mills(x.astype(cdt), backend)[1]
+    curvature = probit_curvature(x.astype(cdt), backend="reference")
+    dx = dx.astype(cdt)
+    return (log_cdf, mills), ((mills_c * dx).astype(x.dtype), (-curvature * dx).astype(x.dtype))
 
 
 def log_ndtr_and_mills(

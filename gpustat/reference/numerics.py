@@ -14,20 +14,26 @@ Sources:
   ``x^2`` split exactly (Cody's device), so erfc keeps full relative accuracy
   down to the subnormal range.
 * Mills ratio and curvature: ``λ(x) = φ(x)/Φ(x)``, ``C(x) = λ(x)(x + λ(x))``,
-  with the Laplace continued fraction for ``x <= -4`` (spec ``bms_flex.md`` A.6).
+  with the Laplace continued fraction for ``x <= -3`` (the spec, ``bms_flex.md`` A.6,
+  starts it at -4; see ``_CF_SWITCH``).
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 __all__ = [
     "erfc",
+    "erfc_derivative",
     "erfcx",
     "erfcx_derivative",
     "log_ndtr",
     "log_ndtr_and_mills",
     "ndtr",
+    "ndtr_derivative",
     "probit_curvature",
     "probit_curvature_derivative",
 ]
@@ -35,6 +41,8 @@ __all__ = [
 _SQRT2 = 1.4142135623730951
 _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_PI = 0.5641895835477563
+_SQRT_PI = 1.7724538509055159
+_TWO_OVER_SQRT_PI = 1.1283791670955126
 _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2PI = 0.3989422804014327
 _LN2 = 0.6931471805599453
@@ -81,10 +89,15 @@ def _erf_small(x):
 
 def _erfcx_tail(y):
     """(tail, y_t, c): for y > 4 (``tail``), erfcx(y) = (1/√π - c) / y_t with
-    c = z P(z) / Q(z), z = 1/y^2 (Cody's tail rational part); y_t = 1 off the tail."""
+    c = z P(z) / Q(z), z = 1/y^2 (Cody's tail rational part); y_t = 1 off the tail.
+
+    z is squared from 1/y, not 1/(y*y): its derivative then neither underflows (1/y^4,
+    from y ~ 1e77) nor is inf/inf at y = inf, for erfcx'' from erfcx_derivative.
+    """
     tail = y > _MEDIUM
     yt = jnp.where(tail, y, 1.0)
-    z = 1.0 / (yt * yt)
+    w = 1.0 / yt
+    z = w * w
     return tail, yt, z * _poly(_TAIL_P, z) / _poly(_TAIL_Q, z)
 
 
@@ -105,6 +118,7 @@ def _erfcx_pos(y):
 _EXP_SQ_CAP = 64.0
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _exp_scaled_sq(y, scale):
     """exp(scale * y^2) for y >= 0 with y^2 split exactly: y = h + l, h = floor(16 y)/16.
 
@@ -114,6 +128,16 @@ def _exp_scaled_sq(y, scale):
     y = jnp.minimum(y, _EXP_SQ_CAP)
     h = jnp.floor(y * 16.0) / 16.0
     return jnp.exp(scale * h * h) * jnp.exp(scale * (y - h) * (y + h))
+
+
+@_exp_scaled_sq.defjvp
+def _exp_scaled_sq_jvp(scale, primals, tangents):
+    # 2 scale y e as one product. Differentiating the split instead adds (y - h) e and
+    # (y + h) e, and the first is subnormal (flushed) where e is small but the derivative
+    # is not: float32 erfc'' lost up to 3e-3 near x = 9. 0 past the cap, also at y = inf.
+    (y,), (dy,) = primals, tangents
+    value = _exp_scaled_sq(y, scale)
+    return value, 2.0 * scale * jnp.minimum(y, _EXP_SQ_CAP) * value * dy
 
 
 def _exp_neg_sq(y):
@@ -153,6 +177,11 @@ def erfcx(x):
     return jnp.where(x < 0, neg, pos)
 
 
+def erfc_derivative(x, value):
+    """d/dx erfc(x) = -2/√π exp(-x^2) (``value`` unused), the square split as in erfc."""
+    return -_TWO_OVER_SQRT_PI * _exp_neg_sq(jnp.abs(x))
+
+
 def erfcx_derivative(x, value):
     """d/dx erfcx(x) = 2 x erfcx(x) - 2/√π, given ``value`` = erfcx(x).
 
@@ -185,6 +214,11 @@ def ndtr(x):
     return jnp.where(x < 0, q, 1.0 - q)
 
 
+def ndtr_derivative(x, value):
+    """d/dx Φ(x) = φ(x) (``value`` unused), the square split as in ndtr."""
+    return _gauss_pdf(x)
+
+
 def _log_ndtr_parts(x):
     """(log Φ(x), erfcx(-x/√2) for x < 0) shared by log_ndtr and the Mills ratio."""
     neg = x < 0
@@ -204,12 +238,16 @@ def log_ndtr_and_mills(x):
     """(log Φ(x), λ(x) = φ(x)/Φ(x)); the first output equals :func:`log_ndtr` bitwise.
 
     λ stays finite where Φ underflows: λ(x) ≈ -x for x -> -inf; (−inf -> +inf,
-    +inf -> 0).
+    +inf -> 0). In erfcx's tail (u = -x/√2 > 4) λ = √(2/π)/erfcx(u) = -x/(1 - √π c) with
+    Cody's u erfcx(u) = 1/√π - c: erfcx(u) itself is subnormal (flushed to 0) below
+    x = -3.6e307 in float64 and -6.7e37 in float32.
     """
     log_cdf, ex = _log_ndtr_parts(x)
     neg = x < 0
     xp = jnp.where(neg, 0.0, x)
-    mills = jnp.where(neg, _SQRT_2_OVER_PI / ex, _gauss_pdf(xp) / (1.0 - _ndtr_upper(xp)))
+    tail, _, correction = _erfcx_tail(jnp.where(neg, -x * _INV_SQRT2, 0.0))
+    left = jnp.where(tail, -x / (1.0 - _SQRT_PI * correction), _SQRT_2_OVER_PI / ex)
+    mills = jnp.where(neg, left, _gauss_pdf(xp) / (1.0 - _ndtr_upper(xp)))
     return log_cdf, mills
 
 
@@ -257,10 +295,16 @@ def probit_curvature_derivative(x, value):
     already at x = -2.5). Below a switch (-2.5 in float64, -1 in float32, where
     the fraction's truncation sits below the dtype's rounding) C' = -q''(t) from the
     continued fraction started at its tail root; 0 at ±inf.
+
+    t is capped at √max/8, where C' ~ -2/t^3 has long underflowed (t > 1e108 in float64,
+    1.4e15 in float32) and t^2 still fits: the tail root's s^3 overflowed beyond, and C''
+    (differentiating this) was NaN down there and at -inf.
     """
     switch = -2.5 if x.dtype == jnp.float64 else -1.0
+    cap = float(jnp.finfo(x.dtype).max) ** 0.5 / 8.0
     far = x <= switch
-    _, d2q = _laplace_fraction(jnp.where(far, -x, 3.0), second=True, tail_start=True)
+    t = jnp.where(far, jnp.minimum(-x, cap), 3.0)
+    _, d2q = _laplace_fraction(t, second=True, tail_start=True)
     xn = jnp.where(far | (x == jnp.inf), 0.0, x)
     _, mills = log_ndtr_and_mills(xn)
     near = mills * (1.0 - value) - value * (xn + mills)
