@@ -10,6 +10,7 @@ import pytest
 import gpustat
 from gpustat import numerics
 from gpustat.testing import check_derivatives
+from tests.oracles.numerics_mp import curvature_derivative
 
 OPS = ["erfc", "erfcx", "ndtr", "log_ndtr", "probit_curvature"]
 
@@ -125,15 +126,6 @@ def test_erfcx_derivative_in_the_far_tail_against_mpmath(backend):
     assert float(jax.grad(lambda t: numerics.erfcx(t, backend=backend))(jnp.inf)) == 0.0
 
 
-def _mp_curvature_derivative(x):
-    """C' = λ(1 - C) - C(x + λ) at 80 digits, enough for its 1e16-fold cancellation."""
-    with mp.workdps(80):
-        x = mp.mpf(x)
-        lam = mp.npdf(x) / mp.ncdf(x)
-        curvature = lam * (x + lam)
-        return float(lam * (1 - curvature) - curvature * (x + lam))
-
-
 @pytest.mark.parametrize("dtype, rtol", [(jnp.float64, 5e-13), (jnp.float32, 2e-5)])
 def test_curvature_derivative_against_mpmath(dtype, rtol):
     """Its two terms cancel for x << 0 (4e-5 relative at -1e3 in float64, 2.5e-4 at -8
@@ -141,7 +133,7 @@ def test_curvature_derivative_against_mpmath(dtype, rtol):
     x = jnp.concatenate([jnp.linspace(-12.0, 8.0, 81), jnp.array([-1e8, -1e3, -30.0])])
     x = x.astype(dtype)
     got = np.asarray(jax.jit(jax.vmap(jax.grad(numerics.probit_curvature)))(x), np.float64)
-    want = np.array([_mp_curvature_derivative(v) for v in np.asarray(x, np.float64)])
+    want = np.array([curvature_derivative(v) for v in np.asarray(x, np.float64)])
     np.testing.assert_allclose(got, want, rtol=rtol)
     at_inf = jax.vmap(jax.grad(numerics.probit_curvature))(jnp.array([-jnp.inf, jnp.inf], dtype))
     assert np.array_equal(np.asarray(at_inf), [0.0, 0.0])

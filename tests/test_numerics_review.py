@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpustat import numerics
+from tests.oracles.numerics_mp import curvature_derivative
 
 BACKENDS = ["reference", "interpret"]
 DTYPES = [jnp.float32, jnp.float64]
@@ -110,22 +111,13 @@ def test_gaussian_derivatives_against_mpmath(order, name, dtype, rtol, stop, ban
     np.testing.assert_allclose(got, want, rtol=rtol)
 
 
-def _mp_curvature_derivative(x):
-    """C' = λ(1 - C) - C(x + λ) at 80 digits (its terms cancel 1e16-fold at x = -1e4)."""
-    with mp.workdps(80):
-        x = mp.mpf(x)
-        lam = mp.npdf(x) / mp.ncdf(x)
-        curvature = lam * (x + lam)
-        return float(lam * (1 - curvature) - curvature * (x + lam))
-
-
 @pytest.mark.parametrize("dtype, rtol", [(jnp.float64, 5e-13), (jnp.float32, 2e-5)])
 def test_third_derivative_of_log_ndtr_against_mpmath(dtype, rtol):
     """(log Φ)''' = λ'' = -C'. They differentiated the reference's λ(x + λ) (cancelling for
     x < 0: 1.3e-4 at x = -2.8 in float32), not the curvature's own exact derivative."""
     x = jnp.concatenate([jnp.linspace(-12.0, 8.0, 81), jnp.linspace(-3.5, -2.0, 61),
                          jnp.array([-1e3, -30.0])]).astype(dtype)
-    want = -np.array([_mp_curvature_derivative(v) for v in np.asarray(x, np.float64)])
+    want = -np.array([curvature_derivative(v) for v in np.asarray(x, np.float64)])
     third = jax.grad(jax.grad(jax.grad(numerics.log_ndtr)))
     for fn in (jax.grad(jax.grad(_mills)), third):
         got = np.asarray(jax.jit(jax.vmap(fn))(x), np.float64)
