@@ -6,13 +6,15 @@ reference elsewhere), restarts batched on the device. Extra constructor argument
 = IEEE float32 matmuls, "tf32x3" = error-compensated TF32; plain TF32 is never used).
 float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``); integer
 and bool input is converted to float64 (float32 when ``jax_enable_x64`` is off), as
-scikit-learn converts it. ``partial_fit`` adds streaming (mini-batch) EM, which
-scikit-learn lacks.
+scikit-learn converts it; a narrower X given to a fitted estimator (``predict``, ``score``,
+...) is cast up to the fitted parameters' dtype. ``partial_fit`` adds streaming
+(mini-batch) EM, which scikit-learn lacks.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import jax
@@ -48,6 +50,10 @@ _COLLAPSE_MESSAGE = (
     "the number of components, increase reg_covar, or scale the input data.")
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_finite(values: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(values)):
         bad = int(np.sum(~np.isfinite(values)))
@@ -72,7 +78,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         means_init: optional (m, p) initial means.
         precisions_init: optional initial precisions (shape by covariance type:
             full (m, p, p), tied (p, p), diag (m, p), spherical (m,)).
-        random_state: int seed (None = 0) for initialisation and ``sample``.
+        random_state: int seed in [0, 2**32 - 1] (None = 0) for initialisation and
+            ``sample`` (a RandomState instance is not taken).
         warm_start: start the next ``fit`` from the current solution.
         verbose: 0 silent; >= 1 prints every restart's iteration, lower bound and its
             change every ``verbose_interval`` iterations (as scikit-learn's verbose >= 2,
@@ -119,14 +126,19 @@ class GaussianMixture(DensityMixin, BaseEstimator):
              "an int >= 1"),
             (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
              f"one of {COVARIANCE_TYPES}"),
-            (self.tol >= 0, "tol", ">= 0"),
-            (self.reg_covar >= 0, "reg_covar", ">= 0"),
+            (_is_real(self.tol) and self.tol >= 0, "tol", "a real number >= 0"),
+            (_is_real(self.reg_covar) and self.reg_covar >= 0, "reg_covar",
+             "a real number >= 0"),
             (is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
             (is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
             (is_int(self.verbose_interval) and self.verbose_interval >= 1, "verbose_interval",
              "an int >= 1"),
             (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
+            # numpy's RandomState (used by ``sample``) takes seeds in [0, 2**32 - 1]
+            (self.random_state is None or (is_int(self.random_state)
+                                           and 0 <= self.random_state < 2**32),
+             "random_state", "None or an int in [0, 2**32 - 1]"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -142,9 +154,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             if X.shape[0] < self.n_components:
                 raise ValueError(f"Expected n_samples >= n_components but got n_components = "
                                  f"{self.n_components}, n_samples = {X.shape[0]}")
-        elif X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture is expecting "
-                             f"{self.n_features_in_} features as input")
+        else:
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture is "
+                                 f"expecting {self.n_features_in_} features as input")
+            # a narrower X is cast up to the fitted parameters' dtype, never the reverse
+            X = X.astype(jnp.promote_types(X.dtype, self.params_.means.dtype))
         return X
 
     def _user_inits(self, p: int, dtype):
@@ -155,7 +170,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             if weights.shape != (k,):
                 raise ValueError(f"weights_init must have shape ({k},), got {weights.shape}")
             _check_finite(weights, "weights_init")
-            if np.any(weights < 0) or np.any(weights > 1) or not np.isclose(weights.sum(), 1):
+            # the drivers' tolerance: sqrt of the fitting dtype's epsilon
+            if (np.any(weights < 0) or np.any(weights > 1)
+                    or abs(weights.sum() - 1) > math.sqrt(jnp.finfo(dtype).eps)):
                 raise ValueError("weights_init must lie in [0, 1] and sum to 1, got "
                                  f"sum={weights.sum()!r}")
             weights = jnp.asarray(weights, dtype)
@@ -288,7 +305,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         otherwise from an initialisation on the batch (``init_params``/user inits). Call
         t = 0, 1, ... of the stream averages the batch's per-row statistics into the
         running ones with step rho_t = (t + 1)^-0.6 (rho_0 = 1: the first batch replaces
-        them) and redoes the M-step. Attributes are updated after every call; returns
+        them) and redoes the M-step. Attributes are updated after every call
+        (``lower_bound_`` and ``lower_bounds_`` = [``lower_bound_``]: the batch's mean
+        log-likelihood before the step; ``n_iter_`` the steps of the stream); returns
         self. X follows :meth:`fit`'s dtype rules (the stream computes in the dtype of the
         batch that started it; a wider batch later raises) and needs b >= max(2, m) rows
         when it starts the stream from an initialisation.
@@ -311,6 +330,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             raise ValueError(_COLLAPSE_MESSAGE)
         self._set_fitted(params)
         self.lower_bound_ = float(batch_bound)
+        self.lower_bounds_ = [self.lower_bound_]  # this call's one step, not a past fit's
         self.n_iter_ = int(self._online_state.step)
         self.converged_ = False
         return self
