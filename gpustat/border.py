@@ -174,6 +174,8 @@ class BorderBatch:
     @classmethod
     def from_packed(cls, layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b) -> BorderBatch:
         """Wrap already packed arrays (shapes checked against ``layout``)."""
+        if not isinstance(layout, BorderLayout):
+            raise TypeError(f"layout must be a BorderLayout, got {type(layout).__name__}")
         if layout.max_border > MAX_BORDER:
             raise ValueError(f"border widths must be <= {MAX_BORDER}, got "
                              f"max k_a={layout.max_border}")
@@ -302,7 +304,10 @@ class BorderSolution:
 def _atom_ridges(name: str, ridge, b: int, dtype) -> jax.Array:
     """Scalar or ``(b,)`` ridge as ``(b,)`` in ``dtype``; concrete values must be finite (also
     in ``dtype``: 1e39 overflows float32) and >= 0."""
-    ridge = jnp.asarray(ridge)
+    try:
+        ridge = jnp.asarray(ridge)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a real scalar or ({b},) array, got {ridge!r}") from e
     if ridge.ndim not in (0, 1) or (ridge.ndim == 1 and ridge.shape != (b,)):
         raise ValueError(f"{name} must be a scalar or shape ({b},), got {ridge.shape=}")
     if jnp.issubdtype(ridge.dtype, jnp.complexfloating) or ridge.dtype == jnp.bool_:
@@ -330,22 +335,25 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
             reference), ``"pallas"``, ``"interpret"`` or ``"reference"``.
 
     Returns:
-        A :class:`BorderSolution`. float64 inputs solve in float64; float32 and 16-bit
-        inputs solve in float32.
+        A :class:`BorderSolution`, in the common dtype of the batch's arrays: float64
+        inputs solve in float64; float32 and 16-bit inputs solve in float32.
 
     Raises:
         ValueError: ridges of the wrong shape, negative or non-finite (value checks run
-            on concrete ridges only; traced ridges under ``jax.jit`` are not checked), or a
-            kernel backend asked for ``d > 8``.
-        TypeError: complex or boolean ridges.
+            on concrete ridges only; traced ridges under ``jax.jit`` are not checked), a
+            packed array of ``batch`` whose shape disagrees with its layout, or a kernel
+            backend asked for ``d > 8``.
+        TypeError: ``batch`` not a :class:`BorderBatch`, or complex, boolean or
+            non-numeric ridges.
 
     Works under ``jax.jit`` (the batch's layout is static) and ``jax.vmap`` (over the
     batch's arrays or the ridges).
     """
     from gpustat.pallas.border import MAX_KERNEL_D, solve_border_pallas
 
+    arrays = _check_batch(batch)
     layout = batch.layout
-    dtype = compute_dtype(batch.H_tt.dtype)
+    dtype = compute_dtype(jnp.result_type(*arrays))
     b = layout.num_atoms
     rt = _atom_ridges("ridge_t", ridge_t, b, dtype)
     rb = _atom_ridges("ridge_beta", ridge_beta, b, dtype)
@@ -353,8 +361,7 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
                            kernel_supports=layout.d <= MAX_KERNEL_D,
                            unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
                                               f"got d={layout.d}")
-    arrays = tuple(x.astype(dtype) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
-                                            batch.g_b))
+    arrays = tuple(x.astype(dtype) for x in arrays)
     if b == 0:
         out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),
                jnp.zeros(0, jnp.int32), jnp.zeros(0, dtype))
@@ -363,6 +370,20 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
     else:
         out = solve_border_pallas(layout, *arrays, rt, rb, interpret=path == "interpret")
     return BorderSolution(*out, layout=layout)
+
+
+def _check_batch(batch) -> tuple:
+    """``batch``'s five packed arrays, checked against its layout: a batch built with the
+    constructor or ``dataclasses.replace`` skips :meth:`BorderBatch.from_packed`, and the
+    solves gather out-of-range entries as zeros."""
+    if not isinstance(batch, BorderBatch):
+        raise TypeError(f"batch must be a BorderBatch, got {type(batch).__name__}")
+    arrays = (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb, batch.g_b)
+    for x, (name, expected) in zip(arrays, batch.layout.packed_sizes().items(), strict=True):
+        if jnp.shape(x) != expected:
+            raise ValueError(f"batch.{name}: expected shape {expected} for {batch.layout}, "
+                             f"got {jnp.shape(x)}")
+    return arrays
 
 
 def _failing_rows_bump(batch: BorderBatch, atoms: np.ndarray, ridge_t: np.ndarray):
@@ -418,9 +439,13 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
         atoms keep their results bit for bit) and the per-atom ridges finally used.
 
     Raises:
-        ValueError: ``solution`` is not of ``batch`` (another layout), or bad ridges as in
-            :func:`solve_batched_border`.
+        ValueError: ``solution`` is not of ``batch`` (another layout), or bad ridges or
+            batch arrays as in :func:`solve_batched_border`.
+        TypeError: ``batch`` or ``solution`` of the wrong type.
     """
+    if not isinstance(solution, BorderSolution):
+        raise TypeError(f"solution must be a BorderSolution, got {type(solution).__name__}")
+    _check_batch(batch)
     if solution.layout != batch.layout:
         raise ValueError(f"solution is not a solution of batch: their layouts (d and every "
                          f"atom's n_a, k_a) differ, solution: {solution.layout}, batch: "

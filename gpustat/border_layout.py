@@ -49,8 +49,12 @@ class BorderLayout:
 
     def __post_init__(self):
         object.__setattr__(self, "d", check_int(self.d, "d", 1))
-        object.__setattr__(self, "n_rows", np.asarray(self.n_rows, dtype=np.int64))
-        object.__setattr__(self, "k_dims", np.asarray(self.k_dims, dtype=np.int64))
+        for name in ("n_rows", "k_dims"):
+            counts = np.asarray(getattr(self, name))
+            if counts.size and not np.issubdtype(counts.dtype, np.integer):
+                # a cast to int64 would truncate 2.7 rows to 2
+                raise TypeError(f"BorderLayout: {name} must be integers, got {counts.dtype=}")
+            object.__setattr__(self, name, counts.astype(np.int64))
         if self.n_rows.ndim != 1 or self.n_rows.shape != self.k_dims.shape:
             raise ValueError(f"BorderLayout: n_rows and k_dims must be (b,) arrays of one "
                              f"length, got {self.n_rows.shape} and {self.k_dims.shape}")
