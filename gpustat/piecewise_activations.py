@@ -65,7 +65,7 @@ def activation(name: str, num_pieces: int = 256, degree: int = 3,
         and ``extrapolate="extend"``; its accuracy table is in the docs.
 
     Raises:
-        ValueError: unknown ``name`` or bad sizes.
+        ValueError: unknown ``name``, bad sizes, or coefficients that overflow ``dtype``.
     """
     if name not in ACTIVATIONS:
         raise ValueError(f"name must be one of {sorted(ACTIVATIONS)}, got {name=!r}")

@@ -12,7 +12,7 @@ polynomial is found in s, then rescaled to the local coordinate u = x - a:
   doubled from 16 up to 256 until the series converges), averaged, so both
   pieces share them;
 * ``"chord"``: interpolation at D+1 equispaced points including both ends
-  (continuous; D = 1 is the chord).
+  (continuous for D >= 1; D = 1 is the chord, D = 0 takes the midpoint value).
 
 Breakpoints are "uniform", "adaptive" (equidistributes the error: piece i gets a
 density (e_i)^(1/(D+1)) / h_i, re-fitted 12 times, best kept) or given.
@@ -170,11 +170,16 @@ def _abs_errors(f: Callable, bp: np.ndarray, coeffs: np.ndarray, s: np.ndarray) 
 
 def _piece_errors(f: Callable, bp: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
     """Max |p - f| on each piece: over equispaced samples (both ends included), then over
-    as many again between the two neighbours of each piece's largest sample."""
+    as many again between the two neighbours of each of the piece's D+2 largest local
+    maxima (a near-best fit equioscillates: the largest sample may sit on the wrong peak)."""
+    pieces = bp.shape[0] - 1
     s = np.linspace(0.0, 1.0, _ERROR_SAMPLES)
-    coarse = _abs_errors(f, bp, coeffs, np.broadcast_to(s, (bp.shape[0] - 1, s.shape[0])))
-    around = s[np.argmax(coarse, axis=1), None] + (s - 0.5) * (2.0 / (_ERROR_SAMPLES - 1))
-    fine = _abs_errors(f, bp, coeffs, np.clip(around, 0.0, 1.0))
+    coarse = _abs_errors(f, bp, coeffs, np.broadcast_to(s, (pieces, s.shape[0])))
+    padded = np.pad(coarse, ((0, 0), (1, 1)), constant_values=-1.0)
+    peaks = (coarse >= padded[:, :-2]) & (coarse >= padded[:, 2:])
+    top = np.argsort(np.where(peaks, coarse, -1.0), axis=1)[:, -(coeffs.shape[0] + 1):]
+    around = s[top][..., None] + (s - 0.5) * (2.0 / (_ERROR_SAMPLES - 1))  # (P, D+2, m)
+    fine = _abs_errors(f, bp, coeffs, np.clip(around, 0.0, 1.0).reshape(pieces, -1))
     return np.maximum(coarse.max(axis=1), fine.max(axis=1))
 
 
@@ -202,8 +207,12 @@ def _tail_piece(coeffs_global: Sequence[float], knot: float, degree: int) -> np.
 def _check_args(f, lo, hi, num_pieces, degree, method, breakpoints) -> np.ndarray | None:
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
-    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
-        raise ValueError(f"need finite lo < hi, got {lo=}, {hi=}")
+    try:
+        ok = bool(np.isfinite(lo) and np.isfinite(hi) and lo < hi)
+    except (TypeError, ValueError):  # not a real number, or an array of several
+        ok = False
+    if not ok:
+        raise ValueError(f"need finite real numbers lo < hi, got {lo=}, {hi=}")
     check_int(num_pieces, "num_pieces", 1)
     check_int(degree, "degree", 0)
     if method not in FIT_METHODS:
@@ -253,12 +262,13 @@ def fit_piecewise(f: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, n
 
     Returns:
         ``PiecewiseFit(pp, max_error)``: max |p - f| on [lo, hi] over 65 equispaced
-        points per piece and 65 more between the neighbours of each piece's largest
-        one, evaluated in float64 before any cast to ``dtype``.
+        points per piece and 65 more between the neighbours of each of the piece's
+        D+2 largest local maxima, evaluated in float64 before any cast to ``dtype``.
 
     Raises:
-        ValueError: bad sizes, interval, method, breakpoints or tails, or f not
-            finite on the samples (the message names the first such x).
+        ValueError: bad sizes, interval, method, breakpoints or tails, f not
+            finite on the samples (the message names the first such x), or
+            coefficients that overflow ``dtype``.
         TypeError: f not callable or complex-valued.
     """
     given = _check_args(f, lo, hi, num_pieces, degree, method, breakpoints)
@@ -288,5 +298,11 @@ def fit_piecewise(f: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, n
         if right is not None:
             bp = np.concatenate([bp, [hi + width]])
             coeffs = np.concatenate([coeffs, _tail_piece(right, hi, degree)[:, None]], 1)
-    pp = PiecewisePolynomial(bp.astype(dtype), coeffs.astype(dtype), extrapolate=extrapolate)
+    with np.errstate(over="ignore"):  # reported below
+        cast = coeffs.astype(dtype)
+    if not np.all(np.isfinite(cast.astype(np.float64))):
+        raise ValueError(f"dtype={cast.dtype} overflows on the fitted coefficients (up to "
+                         f"{np.max(np.abs(coeffs)):.3g}); use a wider dtype, fewer pieces or a "
+                         f"lower degree")
+    pp = PiecewisePolynomial(bp.astype(dtype), cast, extrapolate=extrapolate)
     return PiecewiseFit(pp, max_error)
