@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ from gpustat.mixture_validation import (
     check_params,
     check_precision,
     check_sample_weight,
+    is_concrete,
 )
 
 __all__ = [
@@ -84,6 +86,28 @@ class EMResult:
 def _check_reg_covar(reg_covar) -> None:
     if reg_covar < 0:
         raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+
+
+def _check_fit_weight(sample_weight, X):
+    """``sample_weight`` checked as :func:`check_sample_weight`, and with a positive sum
+    when concrete (all zeros made every parameter NaN, reported as status 1)."""
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    if w is not None and is_concrete(w):
+        with jax.ensure_compile_time_eval():
+            total = float(jnp.sum(w))
+        if not total > 0:
+            raise ValueError(f"sample_weight must have a positive sum, got sum={total!r}")
+    return w
+
+
+def _weighted_weak_prior(X, w) -> NIWPrior:
+    """:meth:`NIWPrior.weak` of X with the moments weighted by the row weights ``w``,
+    as it is of X with every row repeated w_i times."""
+    mean = jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST) / jnp.sum(w)
+    sd = jnp.sqrt(jnp.matmul(w, (X - mean) ** 2, precision=jax.lax.Precision.HIGHEST)
+                  / jnp.sum(w))
+    # weak uses only the mean and (population) variance: two rows mean -+ sd have these
+    return NIWPrior.weak(jnp.stack([mean - sd, mean + sd]))
 
 
 def _shift_means(params: MixtureParams, shift) -> MixtureParams:
@@ -164,15 +188,14 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     """
     X = check_data(X)
     _check_reg_covar(reg_covar)
-    if tol < 0:
-        raise ValueError(f"tol must be non-negative, got {tol=}")
-    if max_iter < 0:
-        raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
+    if not (isinstance(tol, numbers.Real) and tol >= 0):  # NaN never converged
+        raise ValueError(f"tol must be a non-negative number, got {tol=}")
+    max_iter = check_int(max_iter, "max_iter", 0)
     batched = init.weights.ndim == 2
     one = jax.tree.map(lambda a: a[0], init) if batched else init
     check_params(one, X.shape[1], X.dtype)
     init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
-    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    w = _check_fit_weight(sample_weight, X)
     weight_prior = check_weight_prior(weight_prior, X.dtype)
     component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
     check_precision(precision)
@@ -225,14 +248,20 @@ def fit_bem(X: Float[Array, "n p"], init: MixtureParams, *, alpha: float = 1.0,
         X: (n, p) data.
         init: initial :class:`MixtureParams` (``covariance_type="full"``).
         alpha: stick-breaking concentration.
-        component_prior: NIW prior; default weakly informative, centred on X.
-        **kwargs: passed to :func:`fit_em` (tol, max_iter, reg_covar, backend, ...).
+        component_prior: NIW prior; default weakly informative (:meth:`NIWPrior.weak`),
+            centred on X, with X's moments weighted by ``sample_weight`` when given.
+        **kwargs: passed to :func:`fit_em` (sample_weight, tol, max_iter, backend, ...).
 
     Returns:
         :class:`EMResult`.
     """
     X = check_data(X)
-    prior = NIWPrior.weak(X) if component_prior is None else component_prior
+    if component_prior is not None:
+        prior = component_prior
+    elif kwargs.get("sample_weight") is None:
+        prior = NIWPrior.weak(X)
+    else:  # rows of weight 0 (padding) changed the default prior and with it the fit
+        prior = _weighted_weak_prior(X, _check_fit_weight(kwargs["sample_weight"], X))
     return fit_em(X, init, weight_prior=StickBreakingPrior(jnp.asarray(alpha, X.dtype)),
                   component_prior=prior, **kwargs)
 

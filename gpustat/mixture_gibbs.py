@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from gpustat import mixture_ops, random_draws
+from gpustat._checks import check_int
 from gpustat.mixture_init import initialize
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_priors import (
@@ -188,9 +189,9 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
     """
     X = check_data(X)
     check_precision(precision)
-    if n_components < 1 or n_sweeps < 1 or n_chains < 1:
-        raise ValueError(f"need n_components, n_sweeps, n_chains >= 1, got {n_components=}, "
-                         f"{n_sweeps=}, {n_chains=}")
+    n_components = check_int(n_components, "n_components", 1)
+    n_sweeps = check_int(n_sweeps, "n_sweeps", 1)
+    n_chains = check_int(n_chains, "n_chains", 1)
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
     if init is not None:
         init = _check_init(init, X, n_components)

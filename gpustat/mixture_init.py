@@ -18,8 +18,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from gpustat._checks import check_int, check_real
 from gpustat.mixture_mstep import m_step
 from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams, SuffStats
+from gpustat.mixture_validation import check_data
 from gpustat.reference.mixture import suff_stats_from_responsibilities
 
 __all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
@@ -33,6 +35,7 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 def kmeans_plusplus(key, X, n_components: int):
     """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
+    n_components = check_int(n_components, "n_components", 1)
     n = X.shape[0]
     keys = jax.random.split(key, n_components)
     first = jax.random.randint(keys[0], (), 0, n, dtype=jnp.int32)
@@ -138,8 +141,6 @@ def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
     return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
 
 
-@functools.partial(jax.jit, static_argnames=("n_components", "covariance_type", "reg_covar",
-                                             "method", "n_init", "kmeans_max_iter"))
 def initialize(key, X, n_components: int, *, covariance_type: str = "full",
                reg_covar: float = 1e-6, method: str = "kmeans", n_init: int = 1,
                kmeans_max_iter: int = 100) -> MixtureParams:
@@ -157,12 +158,29 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
 
     Returns:
         :class:`MixtureParams` whose arrays have a leading (n_init,) axis.
+
+    Raises:
+        ValueError / TypeError: naming the argument: X not a finite 2-D float array,
+            n_components or n_init < 1, kmeans_max_iter < 0, a negative reg_covar, an
+            unknown method or covariance_type.
     """
     if method not in INIT_METHODS:
         raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
     if covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got "
                          f"{covariance_type=!r}")
+    X = check_data(X)
+    return _initialize(key, X, check_int(n_components, "n_components", 1),
+                       covariance_type=covariance_type,
+                       reg_covar=check_real(reg_covar, "reg_covar", 0), method=method,
+                       n_init=check_int(n_init, "n_init", 1),
+                       kmeans_max_iter=check_int(kmeans_max_iter, "kmeans_max_iter", 0))
+
+
+@functools.partial(jax.jit, static_argnames=("n_components", "covariance_type", "reg_covar",
+                                             "method", "n_init", "kmeans_max_iter"))
+def _initialize(key, X, n_components, *, covariance_type, reg_covar, method, n_init,
+                kmeans_max_iter):
     keys = jax.random.split(key, n_init)
     return jax.vmap(lambda k: _initialize_one(k, X, n_components, covariance_type, reg_covar,
                                               method, kmeans_max_iter))(keys)

@@ -199,3 +199,73 @@ def test_verbose_estimator_reports_every_interval(data, capsys):
     assert sorted(lines) == [f"Iteration {i} (restart {r})" for i in (2, 4) for r in (0, 1)]
     with pytest.raises(ValueError, match="verbose_interval"):
         mixture.GaussianMixture(2, verbose_interval=0).fit(data)
+
+
+def test_fit_bem_default_prior_weighs_the_rows(data, init):
+    """Oracle: integer sample weights fit as the rows repeated that many times. fit_bem's
+    default NIWPrior.weak used the unweighted rows: rows of weight 0 moved the fitted
+    covariances by 1.5e-3 and the lower bound by 6e-4."""
+    counts = np.random.default_rng(4).integers(0, 4, len(data))
+    assert np.any(counts == 0)
+    settings = dict(tol=0.0, max_iter=6, backend="reference")
+    weighted = mixture.fit_bem(data, init, sample_weight=counts.astype(float), **settings)
+    repeated = mixture.fit_bem(np.repeat(data, counts, axis=0), init, **settings)
+    for a, b in [(weighted.params.weights, repeated.params.weights),
+                 (weighted.params.means, repeated.params.means),
+                 (weighted.params.covariances, repeated.params.covariances),
+                 (weighted.lower_bound, repeated.lower_bound)]:
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def test_all_zero_sample_weight_is_named(data, init):
+    """All-zero weights made every parameter NaN and were reported as status 1 (a
+    collapsed covariance)."""
+    for fit in (mixture.fit_em, mixture.fit_bem):
+        with pytest.raises(ValueError, match="sample_weight"):
+            fit(data, init, sample_weight=np.zeros(len(data)), backend="reference")
+
+
+def test_fit_em_tol_and_max_iter_are_named(data, init):
+    """tol=NaN never converged (ran to max_iter with converged False); a non-numeric tol
+    and a fractional max_iter failed with messages that named neither."""
+    for tol in (float("nan"), "1e-3"):
+        with pytest.raises(ValueError, match="tol"):
+            mixture.fit_em(data, init, tol=tol, backend="reference")
+    for max_iter in (2.5, True):
+        with pytest.raises(ValueError, match="max_iter"):
+            mixture.fit_em(data, init, max_iter=max_iter, backend="reference")
+
+
+@pytest.mark.parametrize("name", ["n_components", "n_sweeps", "n_chains"])
+def test_fit_gibbs_counts_must_be_integers(data, name):
+    """A fractional count failed inside jit with a shape TypeError that named none."""
+    counts = dict(n_components=2, n_sweeps=1, n_chains=1)
+    counts[name] = 2.5
+    with pytest.raises(ValueError, match=name):
+        mixture.fit_gibbs(jax.random.key(0), data, counts.pop("n_components"),
+                          backend="reference", **counts)
+
+
+@pytest.mark.parametrize(("bad", "error", "name"), [
+    (dict(n_components=0), ValueError, "n_components"),  # was an IndexError
+    (dict(n_components=2.0), ValueError, "n_components"),
+    (dict(n_init=0), ValueError, "n_init"),  # returned empty parameters
+    (dict(n_init=-1), ValueError, "n_init"),
+    (dict(kmeans_max_iter=-1), ValueError, "kmeans_max_iter"),
+    (dict(reg_covar=-1.0, method="k-means++"), ValueError, "reg_covar"),  # NaN factors
+    (dict(X=np.zeros(10)), ValueError, "^X "),
+    (dict(X=np.arange(20).reshape(10, P)), TypeError, "^X "),  # was an OverflowError
+    (dict(X=np.full((10, P), np.nan)), ValueError, "^X "),  # returned NaN parameters
+])
+def test_initialize_names_bad_arguments(data, bad, error, name):
+    args = {"X": data, "n_components": 2, **bad}
+    with pytest.raises(error, match=name):
+        mixture.initialize(jax.random.key(0), args.pop("X"), args.pop("n_components"),
+                           **args)
+
+
+def test_kmeans_plusplus_names_a_bad_count(data):
+    """n_components=0 failed with an IndexError on the split keys; 2.0 with a shape error."""
+    for bad in (0, 2.0):
+        with pytest.raises(ValueError, match="n_components"):
+            mixture.kmeans_plusplus(jax.random.key(0), data, bad)
