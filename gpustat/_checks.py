@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_real", "is_int"]
+import jax
+import numpy as np
+
+__all__ = ["check_float64_enabled", "check_int", "check_real", "is_int"]
 
 
 def is_int(value) -> bool:
@@ -34,3 +37,11 @@ def check_real(value, name: str, low: float, high: float = math.inf, *,
             bound = f"in {'(' if low_open else '['}{low}, {high})"
         raise ValueError(f"{name} must be a finite number {bound}, got {name}={value!r}")
     return float(value)
+
+
+def check_float64_enabled(name: str, x) -> None:
+    """``TypeError`` naming ``name`` if ``x`` is float64 while ``jax_enable_x64`` is off
+    (``jnp.asarray`` would silently round it to float32)."""
+    if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
+        raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
+                        f"jax.config.update('jax_enable_x64', True) first, or pass float32")

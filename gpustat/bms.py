@@ -44,7 +44,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from gpustat._backend import resolve_backend
-from gpustat._checks import is_int
+from gpustat._checks import check_float64_enabled, is_int
 from gpustat.bms_rows import BmsRows, build_row_arrays, flat_cubic_basis
 from gpustat.pallas import bms as kernels
 from gpustat.piecewise import PiecewisePolynomial
@@ -86,16 +86,9 @@ def _is_concrete(*arrays) -> bool:
     return not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-def _check_x64(name, x):
-    if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
-        # JAX would silently round it to float32
-        raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
-                        f"jax.config.update('jax_enable_x64', True) first, or pass float32")
-
-
 def _float_array(name, x, ndim=None):
     """``x`` as an array (no copy of jax/numpy arrays); floating dtype and ``ndim`` checked."""
-    _check_x64(name, x)
+    check_float64_enabled(name, x)
     x = jnp.asarray(x) if not isinstance(x, jax.Array | np.ndarray) else x
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating array, got {name}.dtype={x.dtype}")

@@ -28,7 +28,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from gpustat._backend import resolve_backend
-from gpustat._checks import check_int
+from gpustat._checks import check_float64_enabled, check_int
 from gpustat.border_layout import MAX_BORDER, BorderLayout
 from gpustat.pallas._common import compute_dtype
 from gpustat.reference.border import (
@@ -58,10 +58,7 @@ _INDEX_LIMIT = 2**31 - 2  # kernels index packed arrays (plus one spare slot) in
 
 
 def _check_real(name: str, x) -> jax.Array:
-    if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
-        # jnp.asarray would silently round it to float32
-        raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
-                        f"jax.config.update('jax_enable_x64', True) first, or pass float32")
+    check_float64_enabled(name, x)
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
         raise TypeError(f"{name} must be a real floating (or integer) array, got {x.dtype=}")
@@ -179,13 +176,13 @@ class BorderBatch:
         if layout.max_border > MAX_BORDER:
             raise ValueError(f"border widths must be <= {MAX_BORDER}, got "
                              f"max k_a={layout.max_border}")
-        arrays = {"H_tt": H_tt, "H_tb": H_tb, "g_t": g_t, "H_bb": H_bb, "g_b": g_b}
+        arrays = {name: _check_real(name, x) for name, x in
+                  (("H_tt", H_tt), ("H_tb", H_tb), ("g_t", g_t), ("H_bb", H_bb), ("g_b", g_b))}
+        _check_packed_shapes(layout, arrays)
         for name, expected in layout.packed_sizes().items():
-            x = arrays[name] = _check_real(name, arrays[name])
-            if x.shape != expected:
-                raise ValueError(f"{name}: expected shape {expected} for {layout}, got {x.shape=}")
             if int(np.prod(expected)) > _INDEX_LIMIT:
-                raise ValueError(f"{name}: {x.size} entries exceed the int32 index limit")
+                raise ValueError(f"{name}: {arrays[name].size} entries exceed the int32 index "
+                                 f"limit")
         dtypes = {a.dtype for a in arrays.values()}
         if len(dtypes) != 1:
             raise TypeError(f"all packed arrays must share one dtype, got {dtypes}")
@@ -378,12 +375,19 @@ def _check_batch(batch) -> tuple:
     solves gather out-of-range entries as zeros."""
     if not isinstance(batch, BorderBatch):
         raise TypeError(f"batch must be a BorderBatch, got {type(batch).__name__}")
-    arrays = (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb, batch.g_b)
-    for x, (name, expected) in zip(arrays, batch.layout.packed_sizes().items(), strict=True):
-        if jnp.shape(x) != expected:
-            raise ValueError(f"batch.{name}: expected shape {expected} for {batch.layout}, "
-                             f"got {jnp.shape(x)}")
-    return arrays
+    arrays = {name: getattr(batch, name) for name in ("H_tt", "H_tb", "g_t", "H_bb", "g_b")}
+    _check_packed_shapes(batch.layout, arrays, prefix="batch.")
+    return tuple(arrays.values())
+
+
+def _check_packed_shapes(layout: BorderLayout, arrays: dict, prefix: str = "") -> None:
+    """``ValueError`` naming the first of the packed ``arrays`` (by name) whose shape is
+    not the one ``layout`` expects."""
+    for name, expected in layout.packed_sizes().items():
+        shape = jnp.shape(arrays[name])
+        if shape != expected:
+            raise ValueError(f"{prefix}{name}: expected shape {expected} for {layout}, "
+                             f"got {shape}")
 
 
 def _failing_rows_bump(batch: BorderBatch, atoms: np.ndarray, ridge_t: np.ndarray):

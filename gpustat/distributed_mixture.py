@@ -27,7 +27,12 @@ from jaxtyping import Array, Float
 
 from gpustat import mixture
 from gpustat.distributed_core import pad_rows, padded_rows, row_axis
-from gpustat.mixture_validation import check_data, check_params, check_sample_weight
+from gpustat.mixture_validation import (
+    check_data,
+    check_params,
+    check_reg_covar,
+    check_sample_weight,
+)
 
 __all__ = ["fit_em", "fit_gibbs", "gibbs_sweep"]
 
@@ -121,8 +126,7 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
     if init.weights.ndim not in (1, 2):
         raise ValueError(f"init.weights must be (k,) or, with restarts, (r, k), got "
                          f"{init.weights.shape=}")
-    if reg_covar < 0:
-        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+    check_reg_covar(reg_covar)
     if max_iter < 0:
         raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
     batched = init.weights.ndim == 2

@@ -38,6 +38,7 @@ from gpustat.mixture_validation import (
     check_data,
     check_params,
     check_precision,
+    check_reg_covar,
     check_sample_weight,
     is_concrete,
 )
@@ -81,11 +82,6 @@ class EMResult:
     converged: Bool[Array, ""]
     status: Int[Array, ""]
     restart_lower_bounds: Float[Array, " r"]
-
-
-def _check_reg_covar(reg_covar) -> None:
-    if reg_covar < 0:
-        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
 
 
 def _check_fit_weight(sample_weight, X):
@@ -187,7 +183,7 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         is reported by ``status == 1``, not an exception.
     """
     X = check_data(X)
-    _check_reg_covar(reg_covar)
+    check_reg_covar(reg_covar)
     if not (isinstance(tol, numbers.Real) and tol >= 0):  # NaN never converged
         raise ValueError(f"tol must be a non-negative number, got {tol=}")
     max_iter = check_int(max_iter, "max_iter", 0)
@@ -316,7 +312,7 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
         raise ValueError(f"X_batch must not be wider than the state's {dtype} (it would "
                          f"change the state's dtype), got {X_batch.dtype=}")
     X_batch = X_batch.astype(dtype)
-    _check_reg_covar(reg_covar)
+    check_reg_covar(reg_covar)
     if not 0.5 < kappa <= 1:
         raise ValueError(f"kappa must lie in (0.5, 1], got {kappa=}")
     check_precision(precision)

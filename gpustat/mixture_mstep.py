@@ -32,7 +32,7 @@ from gpustat.mixture_priors import (
     niw_posterior,
 )
 from gpustat.mixture_priors import stick_weights as _stick_weights
-from gpustat.mixture_validation import is_concrete
+from gpustat.mixture_validation import check_reg_covar
 
 __all__ = ["m_step"]
 
@@ -131,8 +131,7 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
             an improper prior, or a prior's shapes not matching p.
     """
     _check_stats(stats)
-    if is_concrete(reg_covar) and not float(reg_covar) >= 0:
-        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+    check_reg_covar(reg_covar)
     dtype = stats.counts.dtype
     weight_prior = check_weight_prior(weight_prior, dtype)
     component_prior = check_component_prior(component_prior, stats.sum_x.shape[-1], dtype)

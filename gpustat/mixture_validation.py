@@ -95,6 +95,13 @@ def _check_weights(weights, dtype) -> None:
                          f"sum={total!r}, min={low!r}")
 
 
+def check_reg_covar(reg_covar) -> None:
+    """``ValueError`` unless a concrete ``reg_covar`` is >= 0 (NaN included); traced values
+    pass."""
+    if is_concrete(reg_covar) and not float(reg_covar) >= 0:
+        raise ValueError(f"reg_covar must be non-negative, got {reg_covar=}")
+
+
 def check_sample_weight(sample_weight, n: int, dtype):
     """None, or a (n,) non-negative finite weight vector in ``dtype``."""
     if sample_weight is None:
