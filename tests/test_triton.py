@@ -156,9 +156,10 @@ def test_auto_takes_triton_only_for_one_polynomial(monkeypatch):
 
 
 def test_auto_winners_name_known_paths_and_classes():
+    slashes = {"piecewise": 2, "factorization": 1, "border": 0}
     for (capability, shape_class), winner in gtriton.AUTO_WINNERS.items():
-        assert capability in ("piecewise", "factorization") and winner == "triton"
-        assert shape_class.count("/") == (2 if capability == "piecewise" else 1)
+        assert capability in slashes and winner == "triton"
+        assert shape_class.count("/") == slashes[capability]
 
 
 # -- compile for CUDA on CPU ------------------------------------------------------------------
@@ -166,9 +167,9 @@ def test_auto_winners_name_known_paths_and_classes():
 def _compile_cases():
     if importlib.util.find_spec("triton") is None:
         return []
-    from gpustat.triton import factorization, piecewise
+    from gpustat.triton import border, factorization, piecewise
 
-    return [*piecewise.COMPILE_CASES, *factorization.COMPILE_CASES]
+    return [*piecewise.COMPILE_CASES, *factorization.COMPILE_CASES, *border.COMPILE_CASES]
 
 
 @needs_triton
@@ -413,6 +414,21 @@ def _fm_oracle(model, P):
 
 def _fm_reference(model, X, params):
     return (fref.ffm_scores if model == "ffm" else fref.fwfm_scores)(X, *params)
+
+
+@needs_triton
+@pytest.mark.gpu
+def test_gpu_launch_after_an_interpreted_run():
+    """Triton 3.6's interpreter patches triton.language for every @jit helper a kernel
+    calls and never restores it; a later GPU compile in the same process then failed
+    ("'ir.value' object has no attribute 'dtype'" at tl.program_id, seen on the H200 with
+    the interpreted and compiled FFM tests in one worker). launch() undoes the patches."""
+    from gpustat.triton import factorization
+
+    _, X, params = _fm_problem("ffm", np.float64)
+    interpreted = factorization.ffm_scores(X, *params, interpret=True)
+    compiled = factorization.ffm_scores(X, *params)
+    assert_close(compiled, interpreted, rtol=1e-12, atol=1e-12)
 
 
 class TestFactorizationTritonKernels:

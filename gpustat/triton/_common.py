@@ -19,6 +19,7 @@ launch never has scalar runtime arguments. Array pointers are 16-byte aligned
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -43,27 +44,38 @@ def triton_type(dtype) -> str:
     return _TRITON_TYPES[jnp.dtype(dtype).name]
 
 
-def launch(kernel, args: Sequence[jax.Array], out_shape: jax.ShapeDtypeStruct,
-           grid: tuple[int, ...], *, num_warps: int, interpret: bool = False,
-           **constexprs) -> jax.Array:
-    """Run ``kernel[grid](*args, out, **constexprs)`` on JAX arrays; returns ``out``.
+def launch(kernel, args: Sequence[jax.Array], out_shape, grid: tuple[int, ...], *,
+           num_warps: int, interpret: bool = False, aliases: dict[int, int] | None = None,
+           **constexprs):
+    """Run ``kernel[grid](*args, *outs, **constexprs)`` on JAX arrays; returns the outputs.
 
     Args:
-        kernel: a ``@triton.jit`` function whose last pointer argument is the output.
+        kernel: a ``@triton.jit`` function whose last pointer arguments are the outputs.
         args: input arrays (every one becomes a pointer argument).
-        out_shape: shape and dtype of the single output.
+        out_shape: shape and dtype of the output (a ``jax.ShapeDtypeStruct``: one array
+            comes back), or a tuple of them (a tuple of arrays comes back).
         grid: launch grid (up to three program axes).
         num_warps: warps per program (ignored by the interpreter).
         interpret: run in Triton's interpreter on the host (any machine).
+        aliases: ``{input position: output position}``: that output starts as that
+            input's buffer (in place on the GPU), so the kernel may leave parts unwritten.
         **constexprs: the kernel's ``tl.constexpr`` arguments.
     """
+    single = isinstance(out_shape, jax.ShapeDtypeStruct)
+    shapes = (out_shape,) if single else tuple(out_shape)
+    aliases = dict(aliases or {})
     if interpret:
-        host = functools.partial(_interpret_on_host, kernel, grid, out_shape, constexprs)
-        return jax.pure_callback(host, out_shape, *args)
-    import jax_triton  # lazy: importing it needs a CUDA jaxlib
+        host = functools.partial(_interpret_on_host, kernel, grid, shapes, aliases, constexprs)
+        outs = jax.pure_callback(host, shapes, *args)
+    else:
+        import jax_triton  # lazy: importing it needs a CUDA jaxlib
 
-    return jax_triton.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid,
-                                  num_warps=num_warps, num_stages=1, **constexprs)
+        outs = jax_triton.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid,
+                                      num_warps=num_warps, num_stages=1,
+                                      input_output_aliases=aliases, **constexprs)
+        if single:
+            return outs
+    return outs[0] if single else tuple(outs)
 
 
 class _HostTensor:
@@ -134,14 +146,50 @@ def _interpreted(module_name: str, kernel_name: str):
     return getattr(module, kernel_name)
 
 
-def _interpret_on_host(kernel, grid, out_shape, constexprs, *arrays):
+def _interpret_on_host(kernel, grid, shapes, aliases, constexprs, *arrays):
     run = _interpreted(kernel.fn.__module__, kernel.fn.__name__)
     inputs = [np.ascontiguousarray(a).copy() for a in arrays]
-    # NaN-filled output: an element the kernel forgets to write shows up in the tests
-    fill = np.nan if jnp.issubdtype(out_shape.dtype, jnp.floating) else 0
-    out = np.full(out_shape.shape, fill, dtype=out_shape.dtype)
-    run[grid](*map(_HostTensor, inputs), _HostTensor(out), **constexprs)
-    return out
+    outs = []
+    for i, shape in enumerate(shapes):
+        source = [a for a, o in aliases.items() if o == i]
+        if source:
+            outs.append(inputs[source[0]].copy())
+        else:  # NaN-filled: an element the kernel forgets to write shows up in the tests
+            fill = np.nan if jnp.issubdtype(shape.dtype, jnp.floating) else 0
+            outs.append(np.full(shape.shape, fill, dtype=shape.dtype))
+    with _interpreter_patches_undone():
+        run[grid](*map(_HostTensor, inputs), *map(_HostTensor, outs), **constexprs)
+    return tuple(outs)
+
+
+@contextlib.contextmanager
+def _interpreter_patches_undone():
+    """Undo every patch Triton's interpreter makes to ``triton.language`` while it runs.
+
+    Triton 3.6's interpreter patches the language for each call of a ``@triton.jit``
+    helper from a kernel and never restores it; afterwards, compiling any kernel in the
+    same process fails (``tl.program_id`` returns a bare IR value). This records the
+    value each patched attribute had before its first patch and puts it back."""
+    from triton.runtime import interpreter
+
+    missing = object()
+    first_values = {}
+    set_attr = interpreter._LangPatchScope.set_attr
+
+    def recording_set_attr(scope, obj, name, value):
+        first_values.setdefault((id(obj), name), (obj, name, getattr(obj, name, missing)))
+        set_attr(scope, obj, name, value)
+
+    interpreter._LangPatchScope.set_attr = recording_set_attr
+    try:
+        yield
+    finally:
+        interpreter._LangPatchScope.set_attr = set_attr
+        for obj, name, value in first_values.values():
+            if value is not missing:
+                setattr(obj, name, value)
+            elif name in vars(obj):
+                delattr(obj, name)
 
 
 @dataclasses.dataclass(frozen=True)
