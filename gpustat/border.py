@@ -41,6 +41,7 @@ from gpustat.reference.border import (
     solve_border_reference,
     symmetric_from_lower,
 )
+from gpustat.triton import auto_path, border_shape_class
 
 __all__ = [
     "STATUS_NONFINITE",
@@ -328,8 +329,10 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
         ridge_t: ``rho_t >= 0`` added to every row block's diagonal: a scalar (class-uniform,
             the usual case) or ``(b,)`` per atom (what :func:`retry_failed` uses).
         ridge_beta: ``rho_b >= 0`` added to every border's diagonal, scalar or ``(b,)``.
-        backend: ``"auto"`` (Pallas kernel on a CUDA GPU for ``d <= 8``, else the
-            reference), ``"pallas"``, ``"interpret"`` or ``"reference"``.
+        backend: ``"auto"`` (a kernel on a CUDA GPU for ``d <= 8``: the fused Triton
+            kernel where jax-triton is installed and the benchmarks measured it faster,
+            else the Pallas one; the reference elsewhere), ``"pallas"``, ``"triton"``,
+            ``"interpret"`` or ``"reference"``.
 
     Returns:
         A :class:`BorderSolution`, in the common dtype of the batch's arrays: float64
@@ -357,13 +360,18 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
     path = resolve_backend(backend, op="solve_batched_border",
                            kernel_supports=layout.d <= MAX_KERNEL_D,
                            unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
-                                              f"got d={layout.d}")
+                                              f"got d={layout.d}", has_triton=True)
+    path = auto_path(path, backend, "border", border_shape_class(dtype))
     arrays = tuple(x.astype(dtype) for x in arrays)
     if b == 0:
         out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),
                jnp.zeros(0, jnp.int32), jnp.zeros(0, dtype))
     elif path == "reference":
         out = solve_border_reference(layout, *arrays, rt, rb)
+    elif path == "triton":
+        from gpustat.triton.border import solve_border_triton
+
+        out = solve_border_triton(layout, *arrays, rt, rb)
     else:
         out = solve_border_pallas(layout, *arrays, rt, rb, interpret=path == "interpret")
     return BorderSolution(*out, layout=layout)

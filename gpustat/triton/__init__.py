@@ -6,7 +6,8 @@ depend on the (deprecated) Pallas Triton lowering:
 
 * :mod:`gpustat.triton.piecewise`: ``ppoly_eval`` (all dtypes, uniform and
   searched breakpoints, every extrapolate mode, trailing axes);
-* :mod:`gpustat.triton.factorization`: ``ffm_predict`` and ``fwfm_predict`` scores.
+* :mod:`gpustat.triton.factorization`: ``ffm_predict`` and ``fwfm_predict`` scores;
+* :mod:`gpustat.triton.border`: ``solve_batched_border``, one fused program per atom.
 
 Nothing here imports ``triton`` or ``jax_triton`` until a Triton kernel is
 called: gpustat imports and works without them (``pip install 'gpustat[triton]'``
@@ -28,6 +29,7 @@ import numpy as np
 __all__ = [
     "AUTO_WINNERS",
     "auto_path",
+    "border_shape_class",
     "factorization_shape_class",
     "piecewise_shape_class",
     "triton_installed",
@@ -72,6 +74,11 @@ def piecewise_shape_class(uniform: bool, x_dtype, num_points: int) -> str:
 def factorization_shape_class(model: str, dtype) -> str:
     """``"<model>/<compute dtype>"`` of an ``ffm_predict``/``fwfm_predict`` call."""
     return f"{model}/{np.dtype(dtype).name}"
+
+
+def border_shape_class(dtype) -> str:
+    """``"<compute dtype>"`` of a ``solve_batched_border`` call."""
+    return np.dtype(dtype).name
 
 
 def auto_path(path: str, backend: str, capability: str, shape_class: str) -> str:

@@ -1,0 +1,170 @@
+"""Fused Triton border kernel (Triton's interpreter on CPU, compiled on a GPU) against the
+reference solve and the dense per-atom oracle."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpustat.border import BorderSolution, solve_batched_border
+from tests.helpers import assert_close
+from tests.oracles.border_dense import assert_matches_dense
+from tests.oracles.border_fixtures import random_pd_atom
+from tests.oracles.border_golden import (
+    GOLDEN_D2,
+    GOLDEN_RIDGE,
+    check_golden,
+    failing_d2_atoms,
+    golden_d2_atoms,
+    random_pd_atoms,
+    schur_and_nonfinite_d2_atoms,
+)
+from tests.pallas.test_border import (
+    assert_same_solution,
+    batch_of,
+    scaled_rows_atom,
+    schur_failure_mixed_atoms,
+)
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="the triton package is not installed")
+BACKENDS = [pytest.param("interpret", id="interpret", marks=needs_triton),
+            pytest.param("triton", id="triton", marks=pytest.mark.gpu)]
+
+
+class TestBorderTriton:
+    @pytest.fixture(autouse=True, params=BACKENDS)
+    def _backend(self, request):
+        self.interpret = request.param == "interpret"
+
+    def solve(self, batch, ridge_t, ridge_beta):
+        """The Triton solve: its interpreter (no public backend name) or backend="triton"."""
+        if not self.interpret:
+            return solve_batched_border(batch, ridge_t, ridge_beta, backend="triton")
+        from gpustat.triton.border import solve_border_triton
+
+        dtype = batch.H_tt.dtype
+        ridges = [jnp.broadcast_to(jnp.asarray(r, dtype), (batch.num_atoms,))
+                  for r in (ridge_t, ridge_beta)]
+        out = solve_border_triton(batch.layout, batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
+                                  batch.g_b, *ridges, interpret=True)
+        return BorderSolution(*out, layout=batch.layout)
+
+    def against_reference(self, atoms, ridge, dtype=np.float64):
+        batch = batch_of(atoms, dtype)
+        got = self.solve(batch, ridge, ridge)
+        return got, solve_batched_border(batch, ridge, ridge, backend="reference")
+
+    @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
+                                        schur_and_nonfinite_d2_atoms])
+    def test_matches_reference_and_dense(self, values):
+        atoms = values()
+        ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
+        got, want = self.against_reference(atoms, ridge)
+        assert_same_solution(got, want, rtol=1e-12)
+        checked = [a for a in range(3) if int(want.status[a]) != 3]
+        assert_matches_dense(atoms, got, ridge, ridge, only=checked)
+        if values is golden_d2_atoms:
+            check_golden(got, GOLDEN_D2)
+
+    @pytest.mark.parametrize("d", [1, 2, 3, 4])
+    def test_random_pd_batches_match_dense(self, d):
+        """Ragged rows (several 32-row chunks) and borders in both K groups."""
+        atoms = random_pd_atoms(d)
+        sol = self.solve(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE)
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+
+    def test_border_widths_with_and_without_the_spare_column(self):
+        """k = 15 (K = 16, r rides in the spare column), k = 16 and 31 (K = 32, spare),
+        k = 32 beside them (K = 32 group without a spare column: the r accumulator)."""
+        rng = np.random.default_rng(3)
+        atoms = [random_pd_atom(rng, n, 2, k) for n, k in [(40, 15), (3, 16), (70, 31),
+                                                            (33, 32)]]
+        got, want = self.against_reference(atoms, GOLDEN_RIDGE)
+        assert_same_solution(got, want, rtol=1e-11)
+        assert_matches_dense(atoms, got, GOLDEN_RIDGE, GOLDEN_RIDGE)
+
+    def test_first_failing_row_across_chunks_and_the_retry_ridge(self):
+        """Rows 70 and 45 of an 80-row atom indefinite (45 is in the second 32-row chunk):
+        status 1 at row 45 with the reference's bump; with a row ridge past both rows'
+        bumps (and one more, so no row is barely PD) the atom solves; the PD atom beside
+        it is solved both times."""
+        rng = np.random.default_rng(5)
+        atoms = [random_pd_atom(rng, 80, 2, 5), random_pd_atom(rng, 17, 2, 3)]
+        H_tt = atoms[0][0].copy()
+        H_tt[70] = -np.eye(2)
+        H_tt[45] = np.array([[1.0, 3.0], [3.0, 1.0]])
+        atoms[0] = (H_tt, *atoms[0][1:])
+        got, want = self.against_reference(atoms, 0.0)
+        np.testing.assert_array_equal(got.status, [1, 0])
+        np.testing.assert_array_equal(got.row, [45, -1])
+        assert_same_solution(got, want, rtol=1e-12)
+        # the bump covers row 45 only; row 70 (-I) needs 1 + its own
+        ridge_t = np.array([max(float(got.bump[0]), 1.0) + 1.0, 0.0])
+        fixed = self.solve(batch_of(atoms), ridge_t, 0.0)
+        np.testing.assert_array_equal(fixed.status, [0, 0])
+        assert_matches_dense(atoms, fixed, ridge_t, 0.0)
+
+    def test_nonfinite_entries_of_every_input_are_reported_per_atom(self):
+        """One non-finite entry per atom in each input array (later chunks too), one beside
+        a failing row (non-finite wins), a finite H_tb that overflows the Schur complement
+        (status 3 too) and a clean atom: statuses and rows equal the reference's."""
+        rng = np.random.default_rng(9)
+        atoms = [list(random_pd_atom(rng, 70, 2, 5)) for _ in range(9)]
+        pokes = [(0, 0, (65, 1, 1), np.inf), (1, 0, (33, 1, 0), np.nan),
+                 (2, 2, (37, 0), -np.inf), (3, 1, (30, 1, 2), np.nan),
+                 (4, 1, (5, 0, 4), np.inf), (5, 0, 3, -np.eye(2)), (5, 1, (35, 0, 0), np.nan),
+                 (6, 1, (20, 0, 1), 1e300), (7, 3, (1, 0), np.nan)]
+        for atom, array, index, value in pokes:
+            atoms[atom][array] = np.array(atoms[atom][array], dtype=float)
+            atoms[atom][array][index] = value
+        got, want = self.against_reference(atoms, 0.0)
+        np.testing.assert_array_equal(want.status, [3, 3, 3, 3, 3, 3, 3, 3, 0])
+        np.testing.assert_array_equal(got.status, want.status)
+        np.testing.assert_array_equal(got.row, want.row)
+        assert np.all(np.isnan(np.asarray(got.delta_t)[:70 * 8]))
+        assert_matches_dense(atoms, got, 0.0, 0.0, only=[8])
+
+    def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
+        """Atom 0's Schur complement is -2 I (status 2, the reference's bump); re-solved
+        with the bump on its border ridge it matches the dense oracle."""
+        atoms = schur_failure_mixed_atoms()
+        got, want = self.against_reference(atoms, GOLDEN_RIDGE)
+        np.testing.assert_array_equal(got.status, [2, 0, 0])
+        assert_same_solution(got, want, rtol=1e-10)
+        assert_matches_dense(atoms, got, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        ridge_beta = GOLDEN_RIDGE + np.asarray(got.bump)
+        fixed = self.solve(batch_of(atoms), GOLDEN_RIDGE, ridge_beta)
+        np.testing.assert_array_equal(fixed.status, [0, 0, 0])
+        assert_matches_dense(atoms, fixed, GOLDEN_RIDGE, ridge_beta)
+
+    @pytest.mark.parametrize("dtype, scales", [
+        (np.float64, [1e250, 1e-250, 1.0]), (np.float32, [1e30, 1e-30, 1.0])])
+    def test_log_det_of_rows_at_the_ends_of_the_exponent_range(self, dtype, scales):
+        """Row pivots cycling through huge, tiny and O(1): log_det equals the reference's."""
+        rng = np.random.default_rng(11)
+        atoms = [scaled_rows_atom(rng, np.resize(scales, 40), 5, dtype),
+                 random_pd_atom(rng, 17, 2, 3)]
+        got, want = self.against_reference(atoms, 0.0, dtype)
+        np.testing.assert_array_equal(got.status, [0, 0])
+        rtol = 1e-10 if dtype == np.float64 else 1e-4
+        assert_same_solution(got, want, rtol=rtol)
+
+    def test_float32_matches_float64_oracle(self):
+        atoms = golden_d2_atoms()
+        sol = self.solve(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE)
+        assert sol.delta_t.dtype == np.float32
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+
+    def test_vmap_over_ridges(self):
+        batch = batch_of(golden_d2_atoms())
+        ridges = np.array([1e-6, 0.5])
+        stacked = jax.vmap(lambda r: self.solve(batch, r, r))(ridges)
+        for i, r in enumerate(ridges):
+            one = solve_batched_border(batch, r, r, backend="reference")
+            assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
+            assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
