@@ -169,6 +169,52 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
             print(f"[border] {name} failed: {type(err).__name__}: {err}"[:2000], flush=True)
 
 
+def time_triton(rec: Recorder, batch: BorderBatch, want, ridges, nbytes: int, best):
+    """Time the fused Triton kernel (one program per atom) like the Pallas configs; returns
+    the faster of it and ``best`` (name, timing, jitted solve)."""
+    from gpustat.triton.border import solve_border_triton
+
+    kernel = jax.jit(lambda bt: solve_border_triton(
+        bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges))
+    try:
+        got = jax.block_until_ready(kernel(batch))
+        for i, field in enumerate(("delta_t", "delta_beta", "log_det")):
+            check_close(f"triton {field}", got[i], getattr(want, field), rtol=1e-9, atol=1e-11)
+        np.testing.assert_array_equal(np.asarray(got[3]), 0)
+        timing = time_fn(kernel, [(batch,)], calls_per_repeat=BACK_TO_BACK)
+    except Exception as err:
+        print(f"[border] triton failed: {type(err).__name__}: {err}"[:2000], flush=True)
+        return best
+    b, lay = batch.num_atoms, batch.layout
+    rec.record("solve_triton", shape=(b, lay.num_rows, lay.d), dtype="float64",
+               backend="triton", timing=timing, bytes_moved=nbytes, items=b,
+               item_name="atoms", extra={"config": "fused"})
+    if best is None or timing.median_ms < best[1].median_ms:
+        return ("triton", timing, kernel)
+    return best
+
+
+def time_kernels(rec: Recorder, case: str, batch: BorderBatch, ridges) -> None:
+    """Record ``solve_<case>_pallas`` (default config) and ``solve_<case>_triton`` on
+    ``batch``: the measurements behind ``backend="auto"``'s choices beyond the issue's case."""
+    from gpustat.triton.border import solve_border_triton
+
+    lay, b = batch.layout, batch.num_atoms
+    for path, solve in (("pallas", solve_border_pallas), ("triton", solve_border_triton)):
+        kernel = jax.jit(lambda bt, solve=solve: solve(
+            bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges))
+        try:
+            jax.block_until_ready(kernel(batch))
+            timing = time_fn(kernel, [(batch,)], calls_per_repeat=BACK_TO_BACK)
+        except Exception as err:
+            print(f"[border] {case} {path} failed: {type(err).__name__}: {err}"[:2000],
+                  flush=True)
+            continue
+        rec.record(f"solve_{case}_{path}", shape=(b, lay.num_rows, lay.d),
+                   dtype=str(batch.H_tt.dtype), backend=path, timing=timing,
+                   bytes_moved=input_bytes(batch), items=b, item_name="atoms")
+
+
 def run(quick: bool, out: Path | None) -> None:
     rec = Recorder("border", out)
     copy_gbs = rec.measure_copy()
@@ -212,6 +258,13 @@ def run(quick: bool, out: Path | None) -> None:
         if best is None or timing.median_ms < best[1].median_ms:
             best = (name, timing, kernel)
     stage_breakdown(rec, batch, CONFIGS[best[0]] if best else KernelConfig())
+    best = time_triton(rec, batch, want, ridges, nbytes, best)
+    # the same batch in float32; k_a in [17, 30] (every atom in the K = 32 group)
+    time_kernels(rec, "float32", BorderBatch.from_packed(batch.layout, *(
+        x.astype(jnp.float32) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
+                                        batch.g_b))), ridges.astype(jnp.float32))
+    time_kernels(rec, "k32", random_packed_batch(30_000, 2, (8, 128), (17, 30), seed=1),
+                 jnp.full((30_000,), RIDGE))
     xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
     rec.record("solve_xla_reference", shape=shape, dtype="float64", backend="xla", timing=xla,
                bytes_moved=nbytes, items=b, item_name="atoms")
@@ -219,7 +272,8 @@ def run(quick: bool, out: Path | None) -> None:
         print("[border] every kernel config failed", flush=True)
         return
     name, timing, kernel = best
-    rec.record("solve_single_call", shape=shape, dtype="float64", backend="pallas",
+    path = "triton" if name == "triton" else "pallas"
+    rec.record("solve_single_call", shape=shape, dtype="float64", backend=path,
                timing=time_fn(kernel, [(batch,)], calls_per_repeat=1), bytes_moved=nbytes,
                items=b, item_name="atoms", extra={"config": name})
     scipy_ms = per_atom * b * 1e3
@@ -228,7 +282,7 @@ def run(quick: bool, out: Path | None) -> None:
                                    "seconds_per_atom": per_atom,
                                    "note": "per-atom cho_factor+cho_solve on pre-assembled dense "
                                            "matrices, subsample extrapolated to B atoms"})
-    rec.record("summary", shape=shape, dtype="float64", backend="pallas", timing=timing,
+    rec.record("summary", shape=shape, dtype="float64", backend=path, timing=timing,
                bytes_moved=nbytes, items=b, item_name="atoms", baseline="solve_xla_reference",
                extra={"config": name, "speedup_vs_xla": xla.median_ms / timing.median_ms,
                       "speedup_vs_scipy": scipy_ms / timing.median_ms,
