@@ -361,7 +361,8 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
                            kernel_supports=layout.d <= MAX_KERNEL_D,
                            unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
                                               f"got d={layout.d}", has_triton=True)
-    path = auto_path(path, backend, "border", border_shape_class(dtype))
+    max_border = int(layout.k_dims.max()) if b else 0
+    path = auto_path(path, backend, "border", border_shape_class(dtype, max_border))
     arrays = tuple(x.astype(dtype) for x in arrays)
     if b == 0:
         out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),

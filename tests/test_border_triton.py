@@ -36,6 +36,19 @@ BACKENDS = [pytest.param("interpret", id="interpret", marks=needs_triton),
             pytest.param("triton", id="triton", marks=pytest.mark.gpu)]
 
 
+@needs_triton
+def test_launch_config_is_a_power_of_two_warps():
+    """Triton needs a power-of-two warp count (d = 3 at K = 16 asked for 6 and the GPU
+    launch failed); one warp while a row holds at most 32 tile entries."""
+    from gpustat.triton.border import launch_config
+
+    for d in range(1, 9):
+        for K in (16, 32):
+            rows, warps = launch_config(d, K)
+            assert rows == 32 and warps in (1, 2, 4, 8)
+            assert (warps == 1) == (d * K <= 32)
+
+
 class TestBorderTriton:
     @pytest.fixture(autouse=True, params=BACKENDS)
     def _backend(self, request):

@@ -155,8 +155,20 @@ def test_auto_takes_triton_only_for_one_polynomial(monkeypatch):
     assert paths == ["triton", "pallas", "pallas"]
 
 
+def test_auto_takes_the_triton_border_kernel_for_float64_borders_up_to_15(monkeypatch):
+    """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class it
+    won; float32 and K = 32 (k_a >= 16) stay on the Pallas kernel."""
+    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
+    assert gtriton.border_shape_class(np.float64, 15) == "float64/k16"
+    assert gtriton.border_shape_class(np.float64, 16) == "float64/k32"
+    for shape_class, path in [("float64/k16", "triton"), ("float64/k32", "pallas"),
+                              ("float32/k16", "pallas")]:
+        assert gtriton.auto_path("pallas", "auto", "border", shape_class) == path
+    assert gtriton.auto_path("pallas", "pallas", "border", "float64/k16") == "pallas"
+
+
 def test_auto_winners_name_known_paths_and_classes():
-    slashes = {"piecewise": 2, "factorization": 1, "border": 0}
+    slashes = {"piecewise": 2, "factorization": 1, "border": 1}
     for (capability, shape_class), winner in gtriton.AUTO_WINNERS.items():
         assert capability in slashes and winner == "triton"
         assert shape_class.count("/") == slashes[capability]

@@ -56,6 +56,11 @@ AUTO_WINNERS: dict[tuple[str, str], str] = {
     ("piecewise", "uniform/float32/streaming"): "triton",
     ("piecewise", "uniform/float64/streaming"): "triton",  # 0.790 / 0.704 / 0.473
     ("factorization", "ffm/float64"): "triton",  # 0.977 vs 1.276 ms, 2^18 rows
+    # Border: the H100 run of commit 9c57cce (benchmarks/results/nvidia-h100-80gb-hbm3/
+    # border.jsonl; ms Pallas / Triton): float64, k_a in [4, 12], 100k atoms 3.345 / 1.420.
+    # Kept on Pallas: float32 on the same batch 1.764 / 2.018; float64 with k_a in
+    # [17, 30] (K = 32), 30k atoms 4.452 / 7.484.
+    ("border", "float64/k16"): "triton",
 }
 
 
@@ -76,9 +81,11 @@ def factorization_shape_class(model: str, dtype) -> str:
     return f"{model}/{np.dtype(dtype).name}"
 
 
-def border_shape_class(dtype) -> str:
-    """``"<compute dtype>"`` of a ``solve_batched_border`` call."""
-    return np.dtype(dtype).name
+def border_shape_class(dtype, max_border: int) -> str:
+    """``"<compute dtype>/k<16|32>"`` of a ``solve_batched_border`` call: the widest padded
+    border (the kernels pad ``k_a`` to 16 or 32; the Triton one needs a spare column, so
+    ``k_a = 16`` counts as 32)."""
+    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}"
 
 
 def auto_path(path: str, backend: str, capability: str, shape_class: str) -> str:

@@ -297,9 +297,9 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
 
 def launch_config(d: int, K: int) -> tuple[int, int]:
     """``(rows per chunk, warps)``: 32 rows, one a thread of one warp while a row has at most
-    32 tile entries (``d K``); wider rows spread over more warps, up to 8 (fewer spill
-    registers: ptxas keeps every load of a chunk in flight)."""
-    return _ROWS, 1 if d * K <= 32 else min(8, d * K // 8)
+    32 tile entries (``d K``); wider rows spread over more warps (a power of two, up to 8:
+    fewer spilled registers, as ptxas keeps every load of a chunk in flight)."""
+    return _ROWS, 1 if d * K <= 32 else min(8, next_pow2(d * K // 8))
 
 
 def _padded_borders(layout: BorderLayout) -> np.ndarray:
