@@ -5,27 +5,26 @@ from __future__ import annotations
 
 import importlib.util
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gpustat.border import BorderSolution, solve_batched_border
-from tests.helpers import assert_close
 from tests.oracles.border_dense import assert_matches_dense
 from tests.oracles.border_fixtures import random_pd_atom
 from tests.oracles.border_golden import (
-    GOLDEN_D2,
     GOLDEN_RIDGE,
-    check_golden,
     failing_d2_atoms,
     golden_d2_atoms,
-    random_pd_atoms,
     schur_and_nonfinite_d2_atoms,
 )
 from tests.pallas.test_border import (
     assert_same_solution,
     batch_of,
+    check_float32_against_float64_oracle,
+    check_random_pd_batch,
+    check_values_case,
+    check_vmap_over_ridges,
     scaled_rows_atom,
     schur_failure_mixed_atoms,
 )
@@ -75,21 +74,12 @@ class TestBorderTriton:
     @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
                                         schur_and_nonfinite_d2_atoms])
     def test_matches_reference_and_dense(self, values):
-        atoms = values()
-        ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
-        got, want = self.against_reference(atoms, ridge)
-        assert_same_solution(got, want, rtol=1e-12)
-        checked = [a for a in range(3) if int(want.status[a]) != 3]
-        assert_matches_dense(atoms, got, ridge, ridge, only=checked)
-        if values is golden_d2_atoms:
-            check_golden(got, GOLDEN_D2)
+        check_values_case(self.solve, values)
 
     @pytest.mark.parametrize("d", [1, 2, 3, 4])
     def test_random_pd_batches_match_dense(self, d):
         """Ragged rows (several 32-row chunks) and borders in both K groups."""
-        atoms = random_pd_atoms(d)
-        sol = self.solve(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE)
-        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        check_random_pd_batch(self.solve, d)
 
     def test_border_widths_with_and_without_the_spare_column(self):
         """k = 15 (K = 16, r rides in the spare column), k = 16 and 31 (K = 32, spare),
@@ -168,16 +158,7 @@ class TestBorderTriton:
         assert_same_solution(got, want, rtol=rtol)
 
     def test_float32_matches_float64_oracle(self):
-        atoms = golden_d2_atoms()
-        sol = self.solve(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE)
-        assert sol.delta_t.dtype == np.float32
-        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+        check_float32_against_float64_oracle(self.solve)
 
     def test_vmap_over_ridges(self):
-        batch = batch_of(golden_d2_atoms())
-        ridges = np.array([1e-6, 0.5])
-        stacked = jax.vmap(lambda r: self.solve(batch, r, r))(ridges)
-        for i, r in enumerate(ridges):
-            one = solve_batched_border(batch, r, r, backend="reference")
-            assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
-            assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
+        check_vmap_over_ridges(self.solve)

@@ -120,6 +120,18 @@ def _whiten(h, g, B, ridge, D: tl.constexpr):
 
 
 @triton.jit
+def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, unit, ridge_t,
+           D: tl.constexpr):
+    """Rows ``loc`` (atom-local; those ``>= n`` are padding) loaded and whitened:
+    ``loc, ok, row`` and the outputs of :func:`_load_rows` and :func:`_whiten`."""
+    ok = loc < n
+    row = row0 + loc
+    h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit, D)
+    L, inv, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
+    return loc, ok, row, h, g, B, L, inv, piv, u, Y
+
+
+@triton.jit
 def _gershgorin_bump(gap, scale, radius, ridge, dim, unit_roundoff):
     """:func:`gpustat.reference.border.gershgorin_ridge_bump` on scalars."""
     gamma_2 = 2 * unit_roundoff / (1.0 - 2 * unit_roundoff)
@@ -173,11 +185,8 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
     # (while loops: Triton's interpreter cannot run a for loop to a loaded bound)
     first = 0
     while first < n:
-        loc = first + lanes
-        ok = loc < n
-        row = row0 + loc
-        h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit, D)
-        _, _, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
+        loc, ok, _, h, g, B, _, _, piv, u, Y = _chunk(
+            htt_ptr, gt_ptr, htb_ptr, first + lanes, n, row0, cross0, k, cols, unit, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
             good = good & (piv[p] > 0)
@@ -243,11 +252,8 @@ def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, sta
     lanes = tl.arange(0, R)
     first = 0
     while first < n:
-        loc = first + lanes
-        ok = loc < n
-        row = row0 + loc
-        h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit, D)
-        L, inv, _, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
+        _, ok, row, _, _, _, L, inv, _, u, Y = _chunk(
+            htt_ptr, gt_ptr, htb_ptr, first + lanes, n, row0, cross0, k, cols, unit, ridge_t, D)
         x = ()  # L^T x = u + Y delta_beta, solved from the last coordinate
         for t in tl.static_range(D):
             v = u[D - 1 - t] + tl.sum(Y[D - 1 - t] * delta_beta[None, :], axis=1)

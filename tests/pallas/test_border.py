@@ -138,29 +138,59 @@ def test_unrolled_schur_solve_matches_numpy_and_flags_indefinite(K=16):
     assert np.isnan(diag[1, 0]) and diag[2, 0] == 0.0
 
 
+def check_values_case(solve, values):
+    """``solve(batch, ridge_t, ridge_beta)`` on a fixture's three d = 2 atoms: status, row,
+    values and bumps equal the reference's, solved atoms the dense oracle's, the golden
+    atoms the spec's values."""
+    atoms = values()
+    ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
+    batch = batch_of(atoms)
+    got = solve(batch, ridge, ridge)
+    want = solve_batched_border(batch, ridge, ridge, backend="reference")
+    assert_same_solution(got, want, rtol=1e-12)
+    checked = [a for a in range(3) if int(want.status[a]) != 3]
+    assert_matches_dense(atoms, got, ridge, ridge, only=checked)
+    if values is golden_d2_atoms:
+        check_golden(got, GOLDEN_D2)
+
+
+def check_random_pd_batch(solve, d):
+    atoms = random_pd_atoms(d)
+    sol = solve(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE)
+    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+    if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
+        check_golden(sol, [None, None, (3, 1, 2, 1.0)])
+
+
+def check_float32_against_float64_oracle(solve):
+    atoms = golden_d2_atoms()
+    sol = solve(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE)
+    assert sol.delta_t.dtype == np.float32
+    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+
+
+def check_vmap_over_ridges(solve):
+    batch = batch_of(golden_d2_atoms())
+    ridges = np.array([1e-6, 0.5])
+    stacked = jax.vmap(lambda r: solve(batch, r, r))(ridges)
+    for i, r in enumerate(ridges):
+        one = solve_batched_border(batch, r, r, backend="reference")
+        assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
+        assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
+
+
 class TestBorderKernel(KernelTests):
+    def solve(self, batch, ridge_t, ridge_beta):
+        return solve_batched_border(batch, ridge_t, ridge_beta, backend=self.backend)
+
     @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
                                         schur_and_nonfinite_d2_atoms])
     def test_matches_reference_and_dense(self, values):
-        atoms = values()
-        ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
-        batch = batch_of(atoms)
-        got = solve_batched_border(batch, ridge, ridge, backend=self.backend)
-        want = solve_batched_border(batch, ridge, ridge, backend="reference")
-        assert_same_solution(got, want, rtol=1e-12)
-        checked = [a for a in range(3) if int(want.status[a]) != 3]
-        assert_matches_dense(atoms, got, ridge, ridge, only=checked)
-        if values is golden_d2_atoms:
-            check_golden(got, GOLDEN_D2)
+        check_values_case(self.solve, values)
 
     @pytest.mark.parametrize("d", [1, 2, 3, 4])
     def test_random_pd_batches_match_dense(self, d):
-        atoms = random_pd_atoms(d)
-        sol = solve_batched_border(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE,
-                                   backend=self.backend)
-        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
-        if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
-            check_golden(sol, [None, None, (3, 1, 2, 1.0)])
+        check_random_pd_batch(self.solve, d)
 
     def streamed_and_reference(self, b, ridge=0.0):
         """(kernel solution in 16-row chunks (STREAMING), reference solution) of batch b
@@ -271,19 +301,8 @@ class TestBorderKernel(KernelTests):
         assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
 
     def test_float32_matches_float64_oracle(self):
-        atoms = golden_d2_atoms()
-        sol = solve_batched_border(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE,
-                                   backend=self.backend)
-        assert sol.delta_t.dtype == np.float32
-        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+        check_float32_against_float64_oracle(self.solve)
 
     @pytest.mark.slow
     def test_vmap_over_ridges(self):
-        batch = batch_of(golden_d2_atoms())
-        ridges = np.array([1e-6, 0.5])
-        stacked = jax.vmap(lambda r: solve_batched_border(batch, r, r, backend=self.backend))(
-            ridges)
-        for i, r in enumerate(ridges):
-            one = solve_batched_border(batch, r, r, backend="reference")
-            assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
-            assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
+        check_vmap_over_ridges(self.solve)
