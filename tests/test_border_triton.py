@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from gpustat.border import BorderSolution, solve_batched_border
+from tests.helpers import assert_close
 from tests.oracles.border_dense import assert_matches_dense
-from tests.oracles.border_fixtures import random_pd_atom
+from tests.oracles.border_fixtures import random_batch, random_pd_atom
 from tests.oracles.border_golden import (
     GOLDEN_RIDGE,
     failing_d2_atoms,
@@ -28,6 +29,7 @@ from tests.pallas.test_border import (
     scaled_rows_atom,
     schur_failure_mixed_atoms,
 )
+from tests.test_border import overflow_atoms
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the triton package is not installed")
@@ -156,6 +158,28 @@ class TestBorderTriton:
         np.testing.assert_array_equal(got.status, [0, 0])
         rtol = 1e-10 if dtype == np.float64 else 1e-4
         assert_same_solution(got, want, rtol=rtol)
+
+    @pytest.mark.parametrize("sizes", [[(4, 0)], [(0, 3)], [(3, 0), (5, 0)], [(0, 0)],
+                                       [(0, 3), (2, 0)], [(0, 2), (0, 3)]])
+    def test_empty_packed_arrays_match_dense(self, sizes):
+        """Every n_a k_a = 0 (no H_tb), every k_a = 0 (rows alone), every n_a = 0 (borders
+        alone)."""
+        atoms = random_batch(8, sizes, 2)
+        sol = self.solve(batch_of(atoms), 0.1, 0.2)
+        np.testing.assert_array_equal(sol.status, 0)
+        assert_matches_dense(atoms, sol, 0.1, 0.2)
+
+    def test_overflow_from_finite_input_is_nonfinite(self):
+        """S0 = -inf, r = inf (status 3, bump 0), a row -1e308 I (status 1, infinite bump),
+        a row -I (status 1), a clean atom: as the reference reports them."""
+        atoms = overflow_atoms()
+        got, want = self.against_reference(atoms, 0.0)
+        np.testing.assert_array_equal(got.status, [3, 3, 1, 1, 0])
+        np.testing.assert_array_equal(got.row, want.row)
+        np.testing.assert_array_equal(np.asarray(got.bump)[:3], np.asarray(want.bump)[:3])
+        assert_close(got.bump[3], want.bump[3], rtol=1e-15)
+        assert np.all(np.isnan(np.asarray(got.log_det)[:4]))
+        assert_matches_dense(atoms, got, 0.0, 0.0, only=[4])
 
     def test_float32_matches_float64_oracle(self):
         check_float32_against_float64_oracle(self.solve)

@@ -328,10 +328,12 @@ def _row_bumps(layout: BorderLayout, H_tt, first_bad, ridge_t):
     from gpustat.pallas.border import _row_bump  # the kernels' elementwise form
 
     d = layout.d
+    if layout.num_rows == 0:  # no rows, no failing row
+        return jnp.zeros(layout.num_atoms, H_tt.dtype)
     local = jnp.where(first_bad < _NO_ROW, first_bad, 0)
     row = jnp.asarray(layout.row_offsets[:-1]) + jnp.minimum(
         local, jnp.maximum(jnp.asarray(layout.n_rows) - 1, 0))
-    blocks = H_tt.reshape(-1, d, d)[jnp.minimum(row, max(layout.num_rows - 1, 0))]
+    blocks = H_tt.reshape(-1, d, d)[jnp.minimum(row, layout.num_rows - 1)]
     h = {(p, q): blocks[:, p, q] for p in range(d) for q in range(p + 1)}
     return _row_bump(h, ridge_t, d, float(jnp.finfo(H_tt.dtype).eps) / 2)
 
@@ -399,8 +401,7 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
                                            jnp.where(schur_bad, STATUS_SCHUR_NOT_PD,
                                                      STATUS_OK)))).astype(jnp.int32)
     row = jnp.where(status == STATUS_ROW_NOT_PD, first_bad, -1).astype(jnp.int32)
-    bump = jnp.where(status == STATUS_ROW_NOT_PD, _row_bumps(layout, arrays[0], first_bad,
-                                                             ridge_t),
+    bump = jnp.where(status == STATUS_ROW_NOT_PD, _row_bumps(layout, H_tt, first_bad, ridge_t),
                      jnp.where(status == STATUS_SCHUR_NOT_PD, schur_bump, 0.0))
     delta_t = delta_t[:layout.num_rows * d].reshape(layout.num_rows, d)
     return (delta_t, delta_beta[:int(layout.border_offsets[-1])], log_det, status, row,
