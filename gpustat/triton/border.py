@@ -6,7 +6,9 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
 1. **Row pass**: chunks of ``R`` rows; each row's ``d x d`` Cholesky, ``u_i`` and
    ``Y_i = L_i^{-1} H_tb_i`` (``d`` tiles of ``(R, K)``), ``S += Y_p^T Y_p`` as ``d``
    tensor-core dots, the right-hand side, the rows' log-determinant, the first failing row
-   and a NaN probe of every input entry.
+   and a NaN probe of every input entry. ``K`` is ``k + 1`` padded to 16 or 32, so that
+   ``u_i`` rides in ``Y_i``'s last column and the dots give the right-hand side too
+   (``k = 32``: ``K = 32`` and an ``(R, K)`` accumulator instead).
 2. **Schur solve**: ``S0 = H_bb - sum_i Y_i^T Y_i``, its Gershgorin ridge bump (spec B.5),
    then Gauss-Jordan elimination of ``S = S0 + ridge_beta I`` (identity padding) without
    pivoting, ``k`` steps: after it ``S`` is diagonal (the LDL^T pivots, all ``> 0`` exactly
@@ -24,7 +26,10 @@ Layout: the tiles' column index is multiplied by a runtime 1 (``unit``), which h
 columns' contiguity from Triton's coalescing pass, so it lays a tile out one row per
 thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. The rows' scalar
 work (``d`` square roots and the whitening factors) then runs once per row instead of
-16 times, and the row pass takes a third of the time (H200: 0.79 against 2.3 ms).
+16 times (probes of the row pass alone: 1.73 ms with a row across 16 threads on an H100,
+0.79 ms one row a thread on an H200; ``docs/border.md`` has the timings and what was
+tried). Index arithmetic is int32, as in the Pallas kernels (``BorderBatch`` checks the
+packed sizes).
 """
 
 from __future__ import annotations
