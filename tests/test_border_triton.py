@@ -24,6 +24,7 @@ from tests.pallas.test_border import (
     batch_of,
     check_float32_against_float64_oracle,
     check_random_pd_batch,
+    check_row_pivot_overflow,
     check_values_case,
     check_vmap_over_ridges,
     scaled_rows_atom,
@@ -48,6 +49,26 @@ def test_launch_config_is_a_power_of_two_warps():
             rows, warps = launch_config(d, K)
             assert rows == 32 and warps in (1, 2, 4, 8)
             assert (warps == 1) == (d * K <= 32)
+
+
+@needs_triton
+def test_direct_calls_check_ridges_and_widen_mixed_dtypes():
+    """solve_border_triton takes one ridge per atom (a scalar was read past its end) and
+    computes in the widest dtype of its arrays (a float32 H_tt rounded the rest)."""
+    from gpustat.triton.border import solve_border_triton
+
+    b = batch_of(golden_d2_atoms())
+    arrays = (b.H_tt, b.H_tb, b.g_t, b.H_bb, b.g_b)
+    ridges = jnp.full(b.num_atoms, GOLDEN_RIDGE)
+    with pytest.raises(ValueError, match=r"ridge_t: expected shape \(3,\)"):
+        solve_border_triton(b.layout, *arrays, GOLDEN_RIDGE, ridges, interpret=True)
+    with pytest.raises(ValueError, match="ridge_beta"):
+        solve_border_triton(b.layout, *arrays, ridges, ridges[:2], interpret=True)
+    out = solve_border_triton(b.layout, b.H_tt.astype(jnp.float32), *arrays[1:], ridges,
+                              ridges, interpret=True)
+    want = solve_batched_border(b, GOLDEN_RIDGE, GOLDEN_RIDGE, backend="reference")
+    assert out[0].dtype == jnp.float64
+    assert_close(out[1], want.delta_beta, rtol=1e-6)
 
 
 class TestBorderTriton:
@@ -183,6 +204,17 @@ class TestBorderTriton:
 
     def test_float32_matches_float64_oracle(self):
         check_float32_against_float64_oracle(self.solve)
+
+    def test_row_pivot_overflowing_to_inf_fails_the_row(self):
+        check_row_pivot_overflow(self.solve)
+
+    def test_float32_failing_rows_report_their_index(self):
+        """float32 stats carry the failing row as its int32 bits (a float32 holds
+        integers exactly only up to 2**24): status and row equal the reference's."""
+        got, want = self.against_reference(failing_d2_atoms(), 0.0, np.float32)
+        assert int(got.status[0]) == 1
+        np.testing.assert_array_equal(got.status, want.status)
+        np.testing.assert_array_equal(got.row, want.row)
 
     def test_vmap_over_ridges(self):
         check_vmap_over_ridges(self.solve)

@@ -350,7 +350,7 @@ def _row_pass_kernel(*refs, d, K, block_rows, streamed, unit_roundoff):
         _, _, pivots, Y, u = _whiten(row_ok, h, g, B, ridge_t, d)
         good = row_ok
         for pivot in pivots:
-            good = good & (pivot > 0)
+            good = good & (pivot > 0) & (pivot < jnp.inf)  # +inf: L not finite
             m, e = _binary_parts(jnp.where(row_ok, pivot, 1.0))
             mantissa *= m
             exponent += e
@@ -544,7 +544,7 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     Returns ``delta_t (N, d)``, ``delta_beta`` flat, ``log_det (b,)``, ``status (b,)``,
     ``row (b,)``, ``bump (b,)``; arrays in the compute dtype.
     """
-    dtype = compute_dtype(H_tt.dtype)
+    dtype = compute_dtype(jnp.result_type(H_tt, H_tb, g_t, H_bb, g_b))
     d = layout.d
     # Masked loads aim at slot 0, so an empty packed array becomes one zero slot (only then:
     # the shapes are static, and a non-empty array is passed as it is, without a copy).

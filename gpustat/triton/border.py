@@ -12,8 +12,10 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
 2. **Schur solve**: ``S0 = H_bb - sum_i Y_i^T Y_i``, its Gershgorin ridge bump (spec B.5),
    then Gauss-Jordan elimination of ``S = S0 + ridge_beta I`` (identity padding) without
    pivoting, ``k`` steps: after it ``S`` is diagonal (the LDL^T pivots, all ``> 0`` exactly
-   when ``S`` is positive definite) and the right-hand side is ``D delta_beta``, so no
-   back substitution of ``S`` is needed.
+   when ``S`` is positive definite, in exact arithmetic) and the right-hand side is
+   ``D delta_beta``, so no back substitution of ``S`` is needed. An ``S`` within rounding
+   of singular can go either way: this elimination and the reference's Cholesky round
+   differently, and then their statuses can differ.
 3. **Back substitution**: the atom's rows again (from L2: the program read them
    microseconds before), ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``.
 
@@ -194,7 +196,8 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
             htt_ptr, gt_ptr, htb_ptr, first + lanes, n, row0, cross0, k, cols, unit, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
-            good = good & (piv[p] > 0)
+            # a pivot that overflowed to +inf fails too (the reference: L not finite)
+            good = good & (piv[p] > 0) & (piv[p] < float("inf"))
             log_det += tl.where(ok, tl.log(piv[p]), 0.0)
             if SPARE_COLUMN:
                 Yu = tl.where((cols == K - 1)[None, :], u[p][:, None], Y[p])
@@ -242,13 +245,17 @@ def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, sta
     dtype = htt_ptr.dtype.element_ty
     delta_beta = z / pivots
     schur_log_det = tl.sum(tl.where(col_ok, tl.log(pivots), 0.0), axis=0)
-    schur_bad = tl.sum(tl.where(col_ok & ~(pivots > 0), 1, 0), axis=0) > 0
+    schur_bad = tl.sum(tl.where(col_ok & ~((pivots > 0) & (pivots < float("inf"))), 1, 0),
+                       axis=0) > 0
     failed = failed | schur_bad
     delta_beta = tl.where(failed, float("nan"), delta_beta)
     tl.store(db_ptr + gb0 + cols, delta_beta, mask=col_ok)
     stats = stats_ptr + atom * 6
     tl.store(stats, tl.where(failed, float("nan"), row_log_det + schur_log_det))
-    tl.store(stats + 1, first_bad.to(dtype))
+    if dtype == tl.float32:  # the row's bits: float32 holds integers only up to 2**24
+        tl.store(stats + 1, first_bad.to(tl.float32, bitcast=True))
+    else:
+        tl.store(stats + 1, first_bad.to(dtype))
     tl.store(stats + 2, probe_sum)
     tl.store(stats + 3, bump)
     tl.store(stats + 4, overflow.to(dtype))
@@ -351,7 +358,11 @@ def solve_border_triton(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     per batch element, in sequence: jax-triton launches have no batching rule)."""
     if layout.d > MAX_TRITON_D:
         raise ValueError(f"the Triton kernel unrolls d <= {MAX_TRITON_D}, got d={layout.d}")
-    dtype = compute_dtype(H_tt.dtype)
+    for name, ridge in (("ridge_t", ridge_t), ("ridge_beta", ridge_beta)):
+        if jnp.shape(ridge) != (layout.num_atoms,):
+            raise ValueError(f"{name}: expected shape ({layout.num_atoms},) (one ridge per "
+                             f"atom), got {jnp.shape(ridge)}")
+    dtype = compute_dtype(jnp.result_type(H_tt, H_tb, g_t, H_bb, g_b))
     arrays = [jnp.asarray(x, dtype) for x in (H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta)]
     return _solver(layout, interpret)(*arrays)
 
@@ -399,7 +410,8 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
     stats = stats.reshape(b, _STATS)
     log_det, first_bad, probe, schur_bump = (stats[:, i] for i in range(4))
     overflow, schur_bad = stats[:, 4] != 0, stats[:, 5] != 0
-    first_bad = first_bad.astype(jnp.int32)
+    first_bad = (jax.lax.bitcast_convert_type(first_bad, jnp.int32) if dtype == jnp.float32
+                 else first_bad.astype(jnp.int32))
     status = jnp.where(~(probe == 0), STATUS_NONFINITE,
                        jnp.where(first_bad < _NO_ROW, STATUS_ROW_NOT_PD,
                                  jnp.where(overflow, STATUS_NONFINITE,

@@ -179,6 +179,27 @@ def check_vmap_over_ridges(solve):
         assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
 
 
+def check_row_pivot_overflow(solve):
+    """A row pivot that overflows to +inf (finite H_tt and ridge_t) fails its row as the
+    reference's non-finite factor does: status 1, row 0, an infinite bump, NaN outputs;
+    the atom beside it is solved."""
+    rng = np.random.default_rng(12)
+    atoms = [random_pd_atom(rng, 3, 2, 2), random_pd_atom(rng, 4, 2, 3)]
+    H_tt = np.array(atoms[0][0])
+    H_tt[0] = np.diag([1e308, 1.0])
+    atoms[0] = (H_tt, *atoms[0][1:])
+    batch = batch_of(atoms)
+    ridge_t = np.array([1e308, 0.0])
+    got = solve(batch, ridge_t, 0.0)
+    want = solve_batched_border(batch, ridge_t, 0.0, backend="reference")
+    np.testing.assert_array_equal(want.status, [1, 0])
+    np.testing.assert_array_equal(got.status, want.status)
+    np.testing.assert_array_equal(got.row, want.row)
+    assert np.isposinf(float(got.bump[0])) and np.isnan(float(got.log_det[0]))
+    assert np.all(np.isnan(np.asarray(got.delta_beta)[:2]))
+    assert_matches_dense(atoms, got, ridge_t, 0.0, only=[1])
+
+
 class TestBorderKernel(KernelTests):
     def solve(self, batch, ridge_t, ridge_beta):
         return solve_batched_border(batch, ridge_t, ridge_beta, backend=self.backend)
@@ -302,6 +323,19 @@ class TestBorderKernel(KernelTests):
 
     def test_float32_matches_float64_oracle(self):
         check_float32_against_float64_oracle(self.solve)
+
+    def test_row_pivot_overflowing_to_inf_fails_the_row(self):
+        check_row_pivot_overflow(self.solve)
+
+    def test_mixed_dtype_arrays_compute_in_the_widest(self):
+        """A float32 H_tt beside float64 arrays (direct call: BorderBatch has one dtype)
+        solves in float64, not rounded to float32."""
+        atoms = golden_d2_atoms()
+        b = batch_of(atoms)
+        ridges = np.full(b.num_atoms, GOLDEN_RIDGE)
+        out = solve_border_pallas(b.layout, b.H_tt.astype(np.float32), b.H_tb, b.g_t, b.H_bb,
+                                  b.g_b, ridges, ridges, interpret=self.backend == "interpret")
+        assert out[0].dtype == np.float64
 
     @pytest.mark.slow
     def test_vmap_over_ridges(self):
