@@ -70,11 +70,9 @@ def launch(kernel, args: Sequence[jax.Array], out_shape, grid: tuple[int, ...], 
     else:
         import jax_triton  # lazy: importing it needs a CUDA jaxlib
 
-        outs = jax_triton.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid,
+        outs = jax_triton.triton_call(*args, kernel=kernel, out_shape=shapes, grid=grid,
                                       num_warps=num_warps, num_stages=1,
                                       input_output_aliases=aliases, **constexprs)
-        if single:
-            return outs
     return outs[0] if single else tuple(outs)
 
 
@@ -149,11 +147,11 @@ def _interpreted(module_name: str, kernel_name: str):
 def _interpret_on_host(kernel, grid, shapes, aliases, constexprs, *arrays):
     run = _interpreted(kernel.fn.__module__, kernel.fn.__name__)
     inputs = [np.ascontiguousarray(a).copy() for a in arrays]
+    source = {o: a for a, o in aliases.items()}  # output position -> its aliased input
     outs = []
     for i, shape in enumerate(shapes):
-        source = [a for a, o in aliases.items() if o == i]
-        if source:
-            outs.append(inputs[source[0]].copy())
+        if i in source:
+            outs.append(inputs[source[i]].copy())
         else:  # NaN-filled: an element the kernel forgets to write shows up in the tests
             fill = np.nan if jnp.issubdtype(shape.dtype, jnp.floating) else 0
             outs.append(np.full(shape.shape, fill, dtype=shape.dtype))
