@@ -169,29 +169,26 @@ def stage_breakdown(rec: Recorder, batch: BorderBatch, config: KernelConfig) -> 
             print(f"[border] {name} failed: {type(err).__name__}: {err}"[:2000], flush=True)
 
 
-def time_triton(rec: Recorder, batch: BorderBatch, want, ridges, nbytes: int, best):
-    """Time the fused Triton kernel (one program per atom) like the Pallas configs; returns
-    the faster of it and ``best`` (name, timing, jitted solve)."""
-    from gpustat.triton.border import solve_border_triton
-
-    kernel = jax.jit(lambda bt: solve_border_triton(
-        bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges))
+def time_checked(rec: Recorder, case: str, backend: str, config: str, kernel, batch, want,
+                 nbytes: int):
+    """Check ``kernel(batch)`` against the reference solution ``want`` (values to 1e-9, every
+    status 0), then time it and record ``case``; ``None`` (reported, not raised) when the
+    compile or the check fails, so one failing path does not lose the others."""
     try:
         got = jax.block_until_ready(kernel(batch))
         for i, field in enumerate(("delta_t", "delta_beta", "log_det")):
-            check_close(f"triton {field}", got[i], getattr(want, field), rtol=1e-9, atol=1e-11)
+            check_close(f"{case} {field}", got[i], getattr(want, field), rtol=1e-9,
+                        atol=1e-11)
         np.testing.assert_array_equal(np.asarray(got[3]), 0)
         timing = time_fn(kernel, [(batch,)], calls_per_repeat=BACK_TO_BACK)
     except Exception as err:
-        print(f"[border] triton failed: {type(err).__name__}: {err}"[:2000], flush=True)
-        return best
-    b, lay = batch.num_atoms, batch.layout
-    rec.record("solve_triton", shape=(b, lay.num_rows, lay.d), dtype="float64",
-               backend="triton", timing=timing, bytes_moved=nbytes, items=b,
-               item_name="atoms", extra={"config": "fused"})
-    if best is None or timing.median_ms < best[1].median_ms:
-        return ("triton", timing, kernel)
-    return best
+        print(f"[border] {case} failed: {type(err).__name__}: {err}"[:2000], flush=True)
+        return None
+    lay = batch.layout
+    rec.record(case, shape=(batch.num_atoms, lay.num_rows, lay.d), dtype="float64",
+               backend=backend, timing=timing, bytes_moved=nbytes, items=batch.num_atoms,
+               item_name="atoms", extra={"config": config})
+    return timing
 
 
 def time_kernels(rec: Recorder, case: str, batch: BorderBatch, ridges) -> None:
@@ -241,24 +238,18 @@ def run(quick: bool, out: Path | None) -> None:
     for name, config in list(CONFIGS.items())[: 5 if quick else None]:
         kernel = jax.jit(lambda bt, c=config: solve_border_pallas(
             bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges, config=c))
-        try:  # one failing config (compile or check) must not lose the others
-            got = jax.block_until_ready(kernel(batch))
-            for i, field in enumerate(("delta_t", "delta_beta", "log_det")):
-                check_close(f"{name} {field}", got[i], getattr(want, field), rtol=1e-9,
-                            atol=1e-11)
-            np.testing.assert_array_equal(np.asarray(got[3]), 0)
-            timing = time_fn(kernel, [(batch,)], calls_per_repeat=BACK_TO_BACK)
-        except Exception as err:
-            print(f"[border] config {name} failed: {type(err).__name__}: {err}"[:2000],
-                  flush=True)
-            continue
-        rec.record(f"solve_{name}", shape=shape, dtype="float64", backend="pallas",
-                   timing=timing, bytes_moved=nbytes, items=b, item_name="atoms",
-                   extra={"config": name})
-        if best is None or timing.median_ms < best[1].median_ms:
+        timing = time_checked(rec, f"solve_{name}", "pallas", name, kernel, batch, want,
+                              nbytes)
+        if timing and (best is None or timing.median_ms < best[1].median_ms):
             best = (name, timing, kernel)
     stage_breakdown(rec, batch, CONFIGS[best[0]] if best else KernelConfig())
-    best = time_triton(rec, batch, want, ridges, nbytes, best)
+    from gpustat.triton.border import solve_border_triton
+
+    kernel = jax.jit(lambda bt: solve_border_triton(
+        bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges))
+    timing = time_checked(rec, "solve_triton", "triton", "fused", kernel, batch, want, nbytes)
+    if timing and (best is None or timing.median_ms < best[1].median_ms):
+        best = ("triton", timing, kernel)
     # the same batch in float32; k_a in [17, 30] (every atom in the K = 32 group)
     time_kernels(rec, "float32", BorderBatch.from_packed(batch.layout, *(
         x.astype(jnp.float32) for x in (batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
