@@ -17,16 +17,11 @@ from tests.oracles.border_golden import (
     GOLDEN_RIDGE,
     failing_d2_atoms,
     golden_d2_atoms,
-    schur_and_nonfinite_d2_atoms,
 )
 from tests.pallas.test_border import (
+    BorderKernelScenarios,
     assert_same_solution,
     batch_of,
-    check_float32_against_float64_oracle,
-    check_random_pd_batch,
-    check_row_pivot_overflow,
-    check_values_case,
-    check_vmap_over_ridges,
     scaled_rows_atom,
     schur_failure_mixed_atoms,
 )
@@ -71,7 +66,7 @@ def test_direct_calls_check_ridges_and_widen_mixed_dtypes():
     assert_close(out[1], want.delta_beta, rtol=1e-6)
 
 
-class TestBorderTriton:
+class TestBorderTriton(BorderKernelScenarios):
     @pytest.fixture(autouse=True, params=BACKENDS)
     def _backend(self, request):
         self.interpret = request.param == "interpret"
@@ -93,16 +88,6 @@ class TestBorderTriton:
         batch = batch_of(atoms, dtype)
         got = self.solve(batch, ridge, ridge)
         return got, solve_batched_border(batch, ridge, ridge, backend="reference")
-
-    @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
-                                        schur_and_nonfinite_d2_atoms])
-    def test_matches_reference_and_dense(self, values):
-        check_values_case(self.solve, values)
-
-    @pytest.mark.parametrize("d", [1, 2, 3, 4])
-    def test_random_pd_batches_match_dense(self, d):
-        """Ragged rows (several 32-row chunks) and borders in both K groups."""
-        check_random_pd_batch(self.solve, d)
 
     def test_border_widths_with_and_without_the_spare_column(self):
         """k = 15 (K = 16, r rides in the spare column), k = 16 and 31 (K = 32, spare),
@@ -202,12 +187,6 @@ class TestBorderTriton:
         assert np.all(np.isnan(np.asarray(got.log_det)[:4]))
         assert_matches_dense(atoms, got, 0.0, 0.0, only=[4])
 
-    def test_float32_matches_float64_oracle(self):
-        check_float32_against_float64_oracle(self.solve)
-
-    def test_row_pivot_overflowing_to_inf_fails_the_row(self):
-        check_row_pivot_overflow(self.solve)
-
     def test_float32_failing_rows_report_their_index(self):
         """float32 stats carry the failing row as its int32 bits (a float32 holds
         integers exactly only up to 2**24): status and row equal the reference's."""
@@ -217,4 +196,4 @@ class TestBorderTriton:
         np.testing.assert_array_equal(got.row, want.row)
 
     def test_vmap_over_ridges(self):
-        check_vmap_over_ridges(self.solve)
+        self.check_vmap_over_ridges()

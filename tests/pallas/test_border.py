@@ -138,80 +138,75 @@ def test_unrolled_schur_solve_matches_numpy_and_flags_indefinite(K=16):
     assert np.isnan(diag[1, 0]) and diag[2, 0] == 0.0
 
 
-def check_values_case(solve, values):
-    """``solve(batch, ridge_t, ridge_beta)`` on a fixture's three d = 2 atoms: status, row,
-    values and bumps equal the reference's, solved atoms the dense oracle's, the golden
-    atoms the spec's values."""
-    atoms = values()
-    ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
-    batch = batch_of(atoms)
-    got = solve(batch, ridge, ridge)
-    want = solve_batched_border(batch, ridge, ridge, backend="reference")
-    assert_same_solution(got, want, rtol=1e-12)
-    checked = [a for a in range(3) if int(want.status[a]) != 3]
-    assert_matches_dense(atoms, got, ridge, ridge, only=checked)
-    if values is golden_d2_atoms:
-        check_golden(got, GOLDEN_D2)
-
-
-def check_random_pd_batch(solve, d):
-    atoms = random_pd_atoms(d)
-    sol = solve(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE)
-    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
-    if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
-        check_golden(sol, [None, None, (3, 1, 2, 1.0)])
-
-
-def check_float32_against_float64_oracle(solve):
-    atoms = golden_d2_atoms()
-    sol = solve(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE)
-    assert sol.delta_t.dtype == np.float32
-    assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
-
-
-def check_vmap_over_ridges(solve):
-    batch = batch_of(golden_d2_atoms())
-    ridges = np.array([1e-6, 0.5])
-    stacked = jax.vmap(lambda r: solve(batch, r, r))(ridges)
-    for i, r in enumerate(ridges):
-        one = solve_batched_border(batch, r, r, backend="reference")
-        assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
-        assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
-
-
-def check_row_pivot_overflow(solve):
-    """A row pivot that overflows to +inf (finite H_tt and ridge_t) fails its row as the
-    reference's non-finite factor does: status 1, row 0, an infinite bump, NaN outputs;
-    the atom beside it is solved."""
-    rng = np.random.default_rng(12)
-    atoms = [random_pd_atom(rng, 3, 2, 2), random_pd_atom(rng, 4, 2, 3)]
-    H_tt = np.array(atoms[0][0])
-    H_tt[0] = np.diag([1e308, 1.0])
-    atoms[0] = (H_tt, *atoms[0][1:])
-    batch = batch_of(atoms)
-    ridge_t = np.array([1e308, 0.0])
-    got = solve(batch, ridge_t, 0.0)
-    want = solve_batched_border(batch, ridge_t, 0.0, backend="reference")
-    np.testing.assert_array_equal(want.status, [1, 0])
-    np.testing.assert_array_equal(got.status, want.status)
-    np.testing.assert_array_equal(got.row, want.row)
-    assert np.isposinf(float(got.bump[0])) and np.isnan(float(got.log_det[0]))
-    assert np.all(np.isnan(np.asarray(got.delta_beta)[:2]))
-    assert_matches_dense(atoms, got, ridge_t, 0.0, only=[1])
-
-
-class TestBorderKernel(KernelTests):
-    def solve(self, batch, ridge_t, ridge_beta):
-        return solve_batched_border(batch, ridge_t, ridge_beta, backend=self.backend)
+class BorderKernelScenarios:
+    """Scenarios every border kernel runs (the Pallas kernel below, the fused Triton one in
+    ``tests/test_border_triton.py``) through ``self.solve(batch, ridge_t, ridge_beta)``."""
 
     @pytest.mark.parametrize("values", [golden_d2_atoms, failing_d2_atoms,
                                         schur_and_nonfinite_d2_atoms])
     def test_matches_reference_and_dense(self, values):
-        check_values_case(self.solve, values)
+        """A fixture's three d = 2 atoms: status, row, values and bumps equal the
+        reference's, solved atoms the dense oracle's, the golden atoms the spec's values."""
+        atoms = values()
+        ridge = 0.0 if values is failing_d2_atoms else GOLDEN_RIDGE
+        batch = batch_of(atoms)
+        got = self.solve(batch, ridge, ridge)
+        want = solve_batched_border(batch, ridge, ridge, backend="reference")
+        assert_same_solution(got, want, rtol=1e-12)
+        checked = [a for a in range(3) if int(want.status[a]) != 3]
+        assert_matches_dense(atoms, got, ridge, ridge, only=checked)
+        if values is golden_d2_atoms:
+            check_golden(got, GOLDEN_D2)
 
     @pytest.mark.parametrize("d", [1, 2, 3, 4])
     def test_random_pd_batches_match_dense(self, d):
-        check_random_pd_batch(self.solve, d)
+        """Ragged rows (streamed over several chunks) and borders in both K groups."""
+        atoms = random_pd_atoms(d)
+        sol = self.solve(batch_of(atoms), GOLDEN_RIDGE, GOLDEN_RIDGE)
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        if d == 1:  # atom 2 is the spec's pd_k1_system(3, 1, 2, 1.0)
+            check_golden(sol, [None, None, (3, 1, 2, 1.0)])
+
+    def test_float32_matches_float64_oracle(self):
+        atoms = golden_d2_atoms()
+        sol = self.solve(batch_of(atoms, np.float32), GOLDEN_RIDGE, GOLDEN_RIDGE)
+        assert sol.delta_t.dtype == np.float32
+        assert_matches_dense(atoms, sol, GOLDEN_RIDGE, GOLDEN_RIDGE, rtol=1e-5)
+
+    def test_row_pivot_overflowing_to_inf_fails_the_row(self):
+        """A row pivot that overflows to +inf (finite H_tt and ridge_t) fails its row as
+        the reference's non-finite factor does: status 1, row 0, an infinite bump, NaN
+        outputs; the atom beside it is solved."""
+        rng = np.random.default_rng(12)
+        atoms = [random_pd_atom(rng, 3, 2, 2), random_pd_atom(rng, 4, 2, 3)]
+        H_tt = np.array(atoms[0][0])
+        H_tt[0] = np.diag([1e308, 1.0])
+        atoms[0] = (H_tt, *atoms[0][1:])
+        batch = batch_of(atoms)
+        ridge_t = np.array([1e308, 0.0])
+        got = self.solve(batch, ridge_t, 0.0)
+        want = solve_batched_border(batch, ridge_t, 0.0, backend="reference")
+        np.testing.assert_array_equal(want.status, [1, 0])
+        np.testing.assert_array_equal(got.status, want.status)
+        np.testing.assert_array_equal(got.row, want.row)
+        assert np.isposinf(float(got.bump[0])) and np.isnan(float(got.log_det[0]))
+        assert np.all(np.isnan(np.asarray(got.delta_beta)[:2]))
+        assert_matches_dense(atoms, got, ridge_t, 0.0, only=[1])
+
+    def check_vmap_over_ridges(self):
+        """(run by each class's own test: the Pallas one is marked slow)"""
+        batch = batch_of(golden_d2_atoms())
+        ridges = np.array([1e-6, 0.5])
+        stacked = jax.vmap(lambda r: self.solve(batch, r, r))(ridges)
+        for i, r in enumerate(ridges):
+            one = solve_batched_border(batch, r, r, backend="reference")
+            assert_close(stacked.delta_t[i], one.delta_t, rtol=1e-12, atol=1e-12)
+            assert_close(stacked.log_det[i], one.log_det, rtol=1e-12)
+
+
+class TestBorderKernel(BorderKernelScenarios, KernelTests):
+    def solve(self, batch, ridge_t, ridge_beta):
+        return solve_batched_border(batch, ridge_t, ridge_beta, backend=self.backend)
 
     def streamed_and_reference(self, b, ridge=0.0):
         """(kernel solution in 16-row chunks (STREAMING), reference solution) of batch b
@@ -321,12 +316,6 @@ class TestBorderKernel(KernelTests):
         np.testing.assert_array_equal(fixed.status, [0, 0, 0])
         assert_matches_dense(atoms, fixed, ridge_t, ridge_beta)
 
-    def test_float32_matches_float64_oracle(self):
-        check_float32_against_float64_oracle(self.solve)
-
-    def test_row_pivot_overflowing_to_inf_fails_the_row(self):
-        check_row_pivot_overflow(self.solve)
-
     def test_mixed_dtype_arrays_compute_in_the_widest(self):
         """A float32 H_tt beside float64 arrays (direct call: BorderBatch has one dtype)
         solves in float64, not rounded to float32."""
@@ -339,4 +328,4 @@ class TestBorderKernel(KernelTests):
 
     @pytest.mark.slow
     def test_vmap_over_ridges(self):
-        check_vmap_over_ridges(self.solve)
+        self.check_vmap_over_ridges()
