@@ -45,25 +45,27 @@ from benchmarks.harness import (
 from gpustat._backend import cuda_gpu_available
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as pallas_fm
-from gpustat.pallas.piecewise import guide_tables, kernel_tables, ppoly_eval_tables
+from gpustat.pallas.piecewise import guide_tables, kernel_tables, ppoly_eval_tables, side_rows
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.reference import factorization as reference_fm
 from gpustat.reference.piecewise import ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
 # Triton launch settings tried per piecewise case: (tables, block_n, num_warps, chunks,
-# guided); None = the wrapper's default (guided: the bucket lookup of guide_tables).
+# lookup); None = the wrapper's defaults with the tables the public path passes (the
+# guide, and side rows for float32). lookup: "knots" (the bucket lookup of guide_tables),
+# "sides" (the same with side_rows: no knot lookup) or False (search or uniform guess).
 # "shared" stages the tables in shared memory, "cache" gathers them from global memory
 # through L1; "floor" is the shared kernel on a single cubic piece (no search, every
 # gather a broadcast): the cost of streaming x and y plus Horner in that structure.
 PPOLY_VARIANTS = {  # by table itemsize
-    4: [None, ("shared", 4096, 8, 1, False), ("shared", 4096, 8, 1, True),
-        ("shared", 2048, 4, 32, True), ("shared", 2048, 16, 1, True),
-        ("shared", 2048, 8, 4, True), ("shared", 2048, 8, 8, False),
-        ("floor", 4096, 8, 1, False)],
-    8: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 16, 1, True),
-        ("shared", 4096, 32, 1, True), ("shared", 2048, 8, 1, True),
-        ("shared", 1024, 8, 8, True), ("floor", 4096, 8, 1, False)],
+    4: [None, ("shared", 4096, 8, 1, False), ("shared", 4096, 8, 1, "knots"),
+        ("shared", 2048, 4, 8, "knots"), ("shared", 2048, 8, 4, "knots"),
+        ("shared", 2048, 8, 4, "sides"), ("shared", 2048, 4, 8, "sides"),
+        ("shared", 2048, 8, 8, False), ("floor", 4096, 8, 1, False)],
+    8: [None, ("shared", 4096, 8, 1, False), ("shared", 2048, 16, 1, "knots"),
+        ("shared", 4096, 32, 1, "knots"), ("shared", 2048, 8, 1, "knots"),
+        ("shared", 1024, 8, 8, "knots"), ("floor", 4096, 8, 1, False)],
 }
 # FFM/FwFM settings tried: overrides of kernel_settings (empty = default)
 FM_VARIANTS = [{}, {"block_rows": 1}, {"block_rows": 4, "num_warps": 8}, {"block_p": 64}]
@@ -82,14 +84,17 @@ def _ppoly_fns(pp, interpret: bool):
     one_piece = PiecewisePolynomial(np.asarray(pp.breakpoints)[[0, -1]],
                                     np.asarray(pp.coeffs)[:, :1])
     guide = guide_tables(np.asarray(pp.breakpoints))
+    sides = side_rows(guide[2], tables_of(pp)[1], DEGREE)
+    public_sides = sides if np.dtype(pp.dtype) == np.float32 else None
 
     def triton(variant):
         if variant is None:
             return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(pp), guide=guide,
-                                             **statics))
-        tables, block_n, num_warps, chunks, guided = variant
+                                             side_rows=public_sides, **statics))
+        tables, block_n, num_warps, chunks, lookup = variant
         settings = dict(statics, block_n=block_n, num_warps=num_warps, tables=tables,
-                        chunks=chunks, guide=guide if guided else None)
+                        chunks=chunks, guide=guide if lookup else None,
+                        side_rows=sides if lookup == "sides" else None)
         if tables == "floor":
             settings.update(num_pieces=1, uniform=False, tables="shared")
             return jax.jit(functools.partial(ppoly_eval_triton, *tables_of(one_piece),
@@ -136,7 +141,7 @@ def _piecewise_cases(rec, on_gpu: bool, quick: bool):
     def label(v):
         return "default" if v is None else (f"tables={v[0]},block_n={v[1]},num_warps={v[2]}"
                                              + (f",chunks={v[3]}" if v[3] else "")
-                                             + (",guided" if v[4] else ""))
+                                             + (f",{v[4]}" if v[4] else ""))
     cases = [("search", np.float32, jnp.float32, big), ("uniform", np.float32, jnp.float32, big),
              ("search", np.float32, jnp.bfloat16, big), ("uniform", np.float32, jnp.bfloat16, big),
              ("search", np.float64, jnp.float64, big), ("uniform", np.float64, jnp.float64, big),

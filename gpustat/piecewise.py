@@ -451,19 +451,28 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu):
-    """Kernel tables and the guide of the Triton kernel's bucketed lookup (None unless
-    the breakpoints are concrete); for a concrete polynomial built once on the host."""
-    from gpustat.pallas.piecewise import guide_tables, kernel_tables
-
+    """Kernel tables, the guide of the Triton kernel's bucketed lookup (None unless the
+    breakpoints are concrete) and, for one float32 polynomial, its side rows (or None);
+    for a concrete polynomial built once on the host."""
     if not _is_concrete(breakpoints, coeffs):
-        guide = guide_tables(np.asarray(breakpoints)) if _is_concrete(breakpoints) else None
-        return (*kernel_tables(breakpoints, coeffs, pp.uniform), guide)
+        return _tables(breakpoints, coeffs, pp.uniform, _is_concrete(breakpoints))
     cache = pp.__dict__.setdefault("_kernel_tables", {})
     key = (nu, coeffs.dtype.name)
     if key not in cache:
-        bp = np.asarray(breakpoints)
-        cache[key] = (*kernel_tables(bp, np.asarray(coeffs), pp.uniform), guide_tables(bp))
+        cache[key] = _tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform, True)
     return cache[key]
+
+
+def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
+    """(keys, rows, params, guide, side rows) of ``_cached_tables``."""
+    from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
+
+    keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)
+    guide = guide_tables(np.asarray(breakpoints)) if guided else None
+    # float32 (one polynomial) takes the knot-free lookup; float64 keeps its knots
+    sides = (side_rows(guide[2], rows, coeffs.shape[0] - 1)
+             if guide is not None and rows.ndim == 2 and rows.dtype == np.float32 else None)
+    return keys, rows, params, guide, sides
 
 
 def _dispatch(breakpoints, coeffs, x, tables, config):
@@ -485,15 +494,15 @@ def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
     """The Pallas, interpreted or Triton kernel at every x."""
     from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
 
-    keys, rows, params, guide = ((*kernel_tables(breakpoints, coeffs, uniform), None)
-                                 if tables is None else tables)
+    keys, rows, params, guide, sides = ((*kernel_tables(breakpoints, coeffs, uniform), None,
+                                         None) if tables is None else tables)
     trailing = coeffs.shape[2:]
     if path == "triton":  # one launch; trailing polynomials share each point's search
         from gpustat.triton.piecewise import ppoly_eval_triton
 
         y = ppoly_eval_triton(keys, rows, params, x.reshape(-1), num_pieces=coeffs.shape[1],
                               degree=coeffs.shape[0] - 1, extrapolate=extrapolate, uniform=uniform,
-                              guide=guide)
+                              guide=guide, side_rows=sides)
         return y.reshape(x.shape + trailing)
     kernel = functools.partial(ppoly_eval_tables, keys, params=params, x=x.reshape(-1),
                                num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,

@@ -7,6 +7,7 @@ compiler; the ``triton`` variant (gpu-marked) runs them compiled through
 ``jax_triton.triton_call`` on a CUDA GPU, also through the public functions.
 """
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import gpustat.triton as gtriton
 from gpustat._backend import BackendUnavailableError
 from gpustat.csr import CSR
 from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
-from gpustat.pallas.piecewise import guide_tables, kernel_tables
+from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import ppoly_eval_reference
@@ -251,6 +252,47 @@ def test_guide_tables_give_searchsorted_pieces(dtype, grid):
     assert 0 <= piece[~finite].min(initial=0) and piece.max() <= bp.size - 2
 
 
+@pytest.mark.parametrize("degree", [3, 2, 0])
+def test_side_rows_recentre_the_piece_below_each_breakpoint(degree):
+    # row q (0 < q < P) evaluated at x - x_q equals piece q - 1 (scipy PPoly, float64) on
+    # all of piece q - 1; row 0 and rows T.. are the pieces' own rows, the rest zero
+    rng = np.random.default_rng(31)
+    bp = 4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 41)) / np.sinh(2.0)
+    c = rng.normal(size=(degree + 1, 40))
+    _, rows, _ = kernel_tables(bp, c, False)
+    sides = side_rows(bp[:-1], rows, degree)
+    T, P = 64, 40
+    assert sides.shape == (T + P, rows.shape[1]) and sides.dtype == rows.dtype
+    np.testing.assert_array_equal(sides[T:], rows)
+    np.testing.assert_array_equal(sides[0], rows[0])
+    assert not sides[P:T].any() and not sides[1:P, degree + 1:].any()
+    for q in range(1, P):
+        x = rng.uniform(bp[q - 1], bp[q], 7)
+        got = np.polyval(sides[q, :degree + 1], x - bp[q])
+        assert_close(got, PPoly(c, bp)(x), rtol=1e-12, atol=1e-12)
+    # traced coefficients: the same shift in float32 (the rows' dtype)
+    rows32 = rows.astype(np.float32)
+    traced = np.asarray(jax.jit(side_rows, static_argnums=2)(bp[:-1].astype(np.float32),
+                                                             rows32, degree))
+    exact = side_rows(bp[:-1].astype(np.float32), rows32, degree)
+    assert_close(traced, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
+def test_guide_tables_with_side_rows_evaluate_every_point_at_its_split():
+    # the kernel's side-row rule: row below + 1 + T * (x >= split), u = x - split
+    bp = 8.0 * np.sinh(2.5 * np.linspace(-1.0, 1.0, 257)) / np.sinh(2.5)
+    c = np.random.default_rng(22).normal(size=(4, 256))
+    below, split, knots, scale = guide_tables(bp)
+    sides = side_rows(knots, kernel_tables(bp, c, False)[1], 3)
+    rng = np.random.default_rng(23)
+    x = np.concatenate([rng.uniform(-8.0, 8.0, 20_000), bp[:-1], np.nextafter(bp[1:-1], -9)])
+    b = np.clip(np.floor((x - bp[0]) * scale[0]), 0, below.size - 1).astype(np.int64)
+    above = x >= split[b]
+    row = below[b] + 1 + 256 * above
+    got = np.array([np.polyval(sides[r], u) for r, u in zip(row, x - split[b])])
+    assert_close(got, PPoly(c, bp)(x), rtol=1e-12, atol=1e-12)
+
+
 def test_guide_tables_decline_clustered_breakpoints():
     bp = np.array([0.0, 0.5, 0.5 + 1e-7, 1.0])  # two breakpoints in any bucket of 1/1024
     assert guide_tables(bp) is None
@@ -262,12 +304,14 @@ class TestPiecewiseTritonKernel:
     def _backend(self, request):
         self.interpret = request.param == "interpret"
 
-    def run(self, bp, c, x, dtype, mode, uniform, guided=False, **settings):
+    def run(self, bp, c, x, dtype, mode, uniform, guided=False, sides=False, **settings):
         keys, rows, params = kernel_tables(np.asarray(bp, dtype), np.asarray(c, dtype), uniform)
         if guided:
             guide = guide_tables(np.asarray(bp, dtype))
             assert guide is not None
             settings["guide"] = tuple(map(jnp.asarray, guide))
+            if sides:
+                settings["side_rows"] = jnp.asarray(side_rows(guide[2], rows, c.shape[0] - 1))
         return gtriton_piecewise().ppoly_eval_triton(
             jnp.asarray(keys), jnp.asarray(rows), jnp.asarray(params), x,
             num_pieces=c.shape[1], degree=c.shape[0] - 1, extrapolate=mode, uniform=uniform,
@@ -275,9 +319,11 @@ class TestPiecewiseTritonKernel:
 
     @pytest.mark.parametrize("mode", ["extend", "nan", "clamp", "periodic"])
     @pytest.mark.parametrize("grid", ["graded", "uniform", "one_piece"])
-    def test_guided_lookup_float64_equals_reference_and_scipy(self, mode, grid):
+    @pytest.mark.parametrize("sides", [False, True], ids=["knots", "side_rows"])
+    def test_guided_lookup_float64_equals_reference_and_scipy(self, mode, grid, sides):
         # graded: pieces from 0.03 to 0.3 wide (a 256-bucket guide); chunks=2 and 33
-        # blocks of 16 points: a second program with a block past the end
+        # blocks of 16 points: a second program with a block past the end; side rows
+        # (the float32 path's lookup) checked here in float64 against scipy
         rng = np.random.default_rng(11)
         num_pieces = {"graded": 40, "uniform": 7, "one_piece": 1}[grid]
         t = np.linspace(-1.0, 1.0, num_pieces + 1)
@@ -287,24 +333,26 @@ class TestPiecewiseTritonKernel:
                             np.nextafter(bp, -np.inf), [np.inf, -np.inf, np.nan]])
         uniform = grid == "uniform"
         got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float64, mode, uniform, guided=True,
-                                  block_n=16, chunks=2, tables="shared"))
+                                  sides=sides, block_n=16, chunks=2, tables="shared"))
         expected = _ppoly_expected(bp, c, x, jnp.float64, mode, uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
         inside = (x >= bp[0]) & (x < bp[-1]) & (np.arange(x.shape[0]) < 400)
         assert_close(got[inside], PPoly(c, bp)(x[inside]), rtol=1e-12, atol=1e-12)
 
+    @pytest.mark.parametrize("sides", [True, False], ids=["side_rows", "knots"])
     @pytest.mark.parametrize("dtype, degree", [("float32", 3), ("float32", 0),
                                                ("bfloat16", 2)])
-    def test_guided_lookup_float32_tables(self, dtype, degree):
-        # float32: (below, split) travel as one 64-bit word (unpaired for degree 0)
+    def test_guided_lookup_float32_tables(self, dtype, degree, sides):
+        # float32: (below, split) travel as one 64-bit word (unpaired for degree 0); with
+        # side rows no knot is looked up (what the public float32 path runs)
         bp = (4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 65)) / np.sinh(2.0)).astype(np.float32)
         c = np.random.default_rng(12).normal(size=(degree + 1, 64)).astype(np.float32)
         x = np.concatenate([np.random.default_rng(13).uniform(-5.0, 5.0, 300), bp,
                             np.nextafter(bp, np.float32(np.inf)),
                             np.nextafter(bp, np.float32(-np.inf))]).astype(np.float32)
         xs = jnp.asarray(x, dtype)
-        got = self.run(bp, c, xs, np.float32, "extend", False, guided=True, block_n=64,
-                       tables="shared")
+        got = self.run(bp, c, xs, np.float32, "extend", False, guided=True, sides=sides,
+                       block_n=64, tables="shared")
         expected = _ppoly_expected(bp, c, np.asarray(xs, np.float32), jnp.float32, "extend",
                                    False)
         if dtype == "float32":
@@ -352,6 +400,21 @@ class TestPiecewiseTritonKernel:
                        tables="shared", chunks=chunks)
         expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+    def test_side_rows_need_the_guide_and_their_shape(self):
+        bp, c, x = _ppoly_case(40, 3, True, seed=4)  # uniform: a guide exists
+        keys, rows, params = kernel_tables(bp, c, False)
+        guide = tuple(map(jnp.asarray, guide_tables(bp)))
+        sides = jnp.asarray(side_rows(guide[2], rows, 3))
+        evaluate = functools.partial(gtriton_piecewise().ppoly_eval_triton, keys, rows, params,
+                                     jnp.asarray(x), num_pieces=40, degree=3,
+                                     interpret=self.interpret)
+        with pytest.raises(ValueError, match="side_rows need guide"):
+            evaluate(side_rows=sides)
+        with pytest.raises(ValueError, match="side_rows need guide"):
+            evaluate(guide=guide, side_rows=sides, tables="cache")
+        with pytest.raises(ValueError, match="side_rows must be"):
+            evaluate(guide=guide, side_rows=sides[:-1])
 
     def test_trailing_axes_share_one_search(self):
         bp, c, x = _ppoly_case(5, 2, False, trailing=(2, 3), seed=3)

@@ -41,6 +41,7 @@ __all__ = [
     "kernel_tables",
     "ppoly_eval_pallas",
     "ppoly_eval_tables",
+    "side_rows",
 ]
 
 # Default (block_n, num_warps, chunks, num_stages) by (x itemsize, uniform): the
@@ -161,6 +162,40 @@ def guide_tables(breakpoints) -> tuple[np.ndarray, ...] | None:
             return below, split, bp[:-1].copy(), scale
         buckets *= 2
     return None
+
+
+def side_rows(knots, rows, degree: int):
+    """(T + P, W) coefficient rows of the guided lookup without knots, T = next_pow2(P).
+
+    Row T + q is piece q's row (``rows[q]``). Row q, 0 < q < P, is piece q - 1
+    re-expanded at its right end x_q (a Taylor shift by x_q - x_{q-1}); row 0 is piece
+    0 (for points left of x_0); rows P..T-1 are zero. A point of bucket b then
+    evaluates at ``u = x - split[b]`` whichever side of split it lies on: right of it
+    in row ``T + below[b] + 1``, left of it in row ``below[b] + 1`` (the piece below,
+    centred on split). No lane gathers its knot, at the cost of rounding the shifted
+    coefficients (within an ulp or so of the reference's result).
+
+    Args:
+        knots: x_0..x_{P-1}, the third of :func:`guide_tables`.
+        rows: (P, W) from :func:`kernel_tables`.
+        degree: D, the coefficients being the rows' first D + 1 columns.
+
+    The shift runs in float64 for concrete inputs (numpy), in the rows' dtype for
+    traced ones.
+    """
+    concrete = not any(isinstance(a, jax.core.Tracer) for a in (knots, rows))
+    xp, work = (np, np.float64) if concrete else (jnp, rows.dtype)
+    num_pieces, width = rows.shape
+    knots = xp.asarray(knots, work)
+    step = knots[1:] - knots[:-1]
+    cols = [xp.asarray(rows[:-1, k], work) for k in range(degree + 1)]
+    for i in range(degree):  # Taylor shift of the highest-first coefficients
+        for k in range(1, degree + 1 - i):
+            cols[k] = cols[k] + step * cols[k - 1]
+    zeros = xp.zeros((num_pieces - 1, width - degree - 1), work)
+    shifted = xp.concatenate([xp.stack(cols, axis=1), zeros], axis=1).astype(rows.dtype)
+    unused = xp.zeros((next_pow2(num_pieces) - num_pieces, width), rows.dtype)
+    return xp.concatenate([rows[:1], shifted, unused, rows])
 
 
 def _column(rows, cols, k):

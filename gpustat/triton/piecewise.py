@@ -12,7 +12,10 @@ index is found once per point:
   buckets, each holding at most one interior breakpoint, gives its piece as
   ``below[b] + (x >= split[b])`` (one 64-bit lookup in float32) and its left knot
   as ``split[b]``, or ``knots[piece]`` for the points of a bucket below its
-  breakpoint (the only lanes whose knot gather is random), whatever the grading;
+  breakpoint (the only lanes whose knot gather is random), whatever the grading.
+  float32 tables come with :func:`gpustat.pallas.piecewise.side_rows`: the piece
+  below each breakpoint re-expanded at it, so every point evaluates at
+  ``x - split[b]`` and none looks its knot up (three lookups a point, not four);
 * uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
   comparison with each neighbouring breakpoint makes it exact;
 * otherwise ``node = 2 * node + (key[node] <= x)`` for ceil(log2 P) levels over
@@ -83,6 +86,12 @@ _STAGED_LAUNCH = {
 # vs 0.462 ms in a probe of fed9ac9).
 _GUIDED_FLOAT32_STREAMING_LAUNCH = {True: (2048, 4, 8), False: (2048, 8, 4)}  # > 256 buckets?
 _SMALL_GUIDE_BUCKETS = 256
+# Streaming guided lookup with side_rows (float32: no knot lookup). H100 A/B, 9
+# interleaved rounds, 2^26 points, P = 256 (probes/piecewise_side_rows_230a6d8.md):
+# graded grid 0.2314 ms at 2048 x 8 warps x 8 blocks (2048 x 8 x 4: 0.2319; 2048 x 4 x
+# 8: 0.2625) against 0.2486 ms for the knot lookup at its launch above; uniform grid
+# 0.2137 against 0.2199 ms.
+_SIDE_ROWS_STREAMING_LAUNCH = (2048, 8, 8)
 # Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
 # float64, 4 warps (the H200 sweep of commit 7c9e2bc).
 _CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
@@ -257,7 +266,9 @@ def _bucket_tables(below_ptr, split_ptr, knots_ptr, NUM_PIECES: tl.constexpr,
     Paired (float32): below and split travel as one 64-bit word per bucket (below in
     the low half), returned as the first entry; the second repeats it (unused).
     """
-    slots = tl.arange(0, BUCKETS)
+    # two entries a thread: the 64-bit words are then staged lane-contiguous (16-byte
+    # stores without bank conflicts; at four entries a thread they conflicted 2-way)
+    slots = tl.max_contiguous(tl.arange(0, BUCKETS), 2)
     below = tl.load(below_ptr + slots)
     split = tl.load(split_ptr + slots)
     if PAIRED:
@@ -270,13 +281,16 @@ def _bucket_tables(below_ptr, split_ptr, knots_ptr, NUM_PIECES: tl.constexpr,
 
 
 @triton.jit
-def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: tl.constexpr):
-    """(piece index, its left knot) of each x from the guide tables (``guide_tables``).
+def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: tl.constexpr,
+                  SIDES: tl.constexpr):
+    """(row index, expansion point) of each x from the guide tables (``guide_tables``).
 
     Bucket b = floor((x - x_0) * M / (x_P - x_0)) clipped to [0, M - 1] (0 for NaN);
     piece = max(below + (x >= split), 0). Its knot is split where x >= split (nearly
     every point); the other lanes look it up in ``knots``, and the lanes that do not
-    need it read entry 0 (a broadcast, no bank conflict).
+    need it read entry 0 (a broadcast, no bank conflict). With ``side_rows``
+    (SIDES = T > 0) no lane needs its knot: the row is ``below + 1`` (left of split,
+    the piece below re-expanded at split) or ``T + below + 1``, expanded at split.
     """
     bucket = _grid_cell(x, lo, bucket_scale, BUCKETS)
     if PAIRED:
@@ -287,6 +301,8 @@ def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: t
         below = tl.gather(buckets[0], bucket, 0)
         split = tl.gather(buckets[1], bucket, 0)
     above = x >= split
+    if SIDES > 0:
+        return below + 1 + tl.where(above, SIDES, 0), split
     index = tl.maximum(below + tl.where(above, 1, 0), 0)
     left = tl.gather(buckets[2], tl.where(above, 0, index), 0)
     return index, tl.where(above, split, left)
@@ -301,7 +317,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
                               INDEX_64: tl.constexpr, TABLE: tl.constexpr,
                               KEYS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_N: tl.constexpr,
                               CHUNKS: tl.constexpr, BUCKETS: tl.constexpr,
-                              COPIES: tl.constexpr):
+                              COPIES: tl.constexpr, SIDES: tl.constexpr):
     # A program reads the keys and each coefficient column once into registers,
     # then walks CHUNKS blocks of BLOCK_N points; every lookup is a tl.gather
     # through shared memory (a warp's random lookups cost a few bank conflicts
@@ -312,6 +328,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
     hi = tl.load(params_ptr + 1)
     scale = tl.load(params_ptr + 2)
     if BUCKETS > 0:  # guided: per bucket (below, split), and the pieces' left knots
+        # (rows_ptr: side_rows when SIDES > 0)
         buckets = _bucket_tables(below_ptr, split_ptr, knots_ptr, NUM_PIECES, BUCKETS, TABLE,
                                  PAIRED)
         bucket_scale = tl.load(bucket_scale_ptr)
@@ -322,7 +339,8 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
         else:  # keys: the Eytzinger tree of the interior breakpoints
             keys = tl.load(keys_ptr + slots)
     if CHUNKS > 1:  # read once, kept in registers across the blocks
-        columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED, COPIES)
+        columns = _staged_columns(rows_ptr, NUM_PIECES + SIDES, DEGREE, WIDTH, TABLE + SIDES,
+                                      PAIRED, COPIES)
 
     lanes = tl.arange(0, BLOCK_N)
     start = tl.program_id(0) * (BLOCK_N * CHUNKS)
@@ -338,7 +356,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
             x_next = tl.load(x_ptr + following, mask=(following < SIZE) & (j + 1 < CHUNKS),
                              other=0, eviction_policy="evict_first")
         if BUCKETS > 0:
-            index, knot = _guided_piece(buckets, x, lo, bucket_scale, BUCKETS, PAIRED)
+            index, knot = _guided_piece(buckets, x, lo, bucket_scale, BUCKETS, PAIRED, SIDES)
         elif UNIFORM:
             guess = _grid_cell(x, lo, scale, NUM_PIECES)
             up = (guess < NUM_PIECES - 1) & (x >= tl.gather(keys, guess + 1, 0))
@@ -356,7 +374,8 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
             index = node - (1 << LEVELS)
         u = x - knot
         if CHUNKS == 1:  # read after the search: fewer registers live through it
-            columns = _staged_columns(rows_ptr, NUM_PIECES, DEGREE, WIDTH, TABLE, PAIRED, COPIES)
+            columns = _staged_columns(rows_ptr, NUM_PIECES + SIDES, DEGREE, WIDTH, TABLE + SIDES,
+                                      PAIRED, COPIES)
         slot = _copy_slot(index, lanes, COPIES)
         y = _staged_coefficient(columns, 0, slot, PAIRED).to(dtype)
         for k in tl.static_range(1, DEGREE + 1):
@@ -392,12 +411,14 @@ def staging_supported(rows_shape, num_pieces: int) -> bool:
     return len(rows_shape) == 2 and num_pieces <= _STAGED_MAX_PIECES
 
 
-def default_launch(table_dtype, size: int, staged: bool,
-                   buckets: int = 0) -> tuple[int, int, int]:
+def default_launch(table_dtype, size: int, staged: bool, buckets: int = 0,
+                   sides: bool = False) -> tuple[int, int, int]:
     """(block_n, num_warps, chunks) used where the caller gives none (``buckets``: the
-    guide's bucket count, 0 without a guide)."""
+    guide's bucket count, 0 without a guide; ``sides``: with ``side_rows``)."""
     itemsize = jnp.dtype(table_dtype).itemsize
     streaming = size > _STREAMING_POINTS
+    if staged and streaming and sides:
+        return _SIDE_ROWS_STREAMING_LAUNCH
     if staged and itemsize == 4 and streaming and buckets:
         return _GUIDED_FLOAT32_STREAMING_LAUNCH[buckets > _SMALL_GUIDE_BUCKETS]
     if staged:
@@ -407,12 +428,13 @@ def default_launch(table_dtype, size: int, staged: bool,
 
 def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, degree: int,
               extrapolate: str, uniform: bool, block_n: int | None, staged: bool,
-              chunks: int | None = None, buckets: int = 0) -> dict:
-    """The constexprs of one call of the shared-memory (``staged``) or the cached-table kernel."""
+              chunks: int | None = None, buckets: int = 0, sides: bool = False) -> dict:
+    """The constexprs of one call of the shared-memory (``staged``) or the cached-table kernel
+    (``sides``: ``rows_shape`` is that of ``side_rows``)."""
     num_polys = 1
     for s in rows_shape[:-2]:
         num_polys *= s
-    default_block, _, default_chunks = default_launch(table_dtype, size, staged, buckets)
+    default_block, _, default_chunks = default_launch(table_dtype, size, staged, buckets, sides)
     block = min(block_n or default_block, next_pow2(size))
     chunks = max(1, min(chunks or default_chunks, triton.cdiv(size, block))) if staged else 1
     levels = _search_levels(num_pieces)
@@ -426,7 +448,7 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
                        and table <= _FLOAT64_COPIES_MAX_PIECES) else 1
         settings.update(TABLE=table, PAIRED=paired, CHUNKS=chunks, COPIES=copies,
                         KEYS=next_pow2(num_pieces + 1) if uniform else 1 << levels,
-                        BUCKETS=buckets)
+                        BUCKETS=buckets, SIDES=table if sides else 0)
     else:
         settings.update(NUM_POLYS=num_polys)
     return settings
@@ -435,13 +457,14 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
 @functools.cache
 def _batched_launcher(config: tuple):
     """``(keys, rows, params, below, split, knots, scale, x) -> y`` for one static config,
-    with a vmap rule (``below, split, knots, scale``: ``guide_tables``, or placeholders).
+    with a vmap rule (``below, split, knots, scale``: ``guide_tables``, or placeholders;
+    ``rows``: ``side_rows`` when ``sides``).
 
     Under ``jax.vmap`` a batch of x sharing the tables is one launch over the
     flattened points; batched tables (rare) launch once per batch element.
     """
     (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
-     chunks, guided) = config
+     chunks, guided, sides) = config
 
     @jax.custom_batching.custom_vmap
     def evaluate(keys, rows, params, below, split, knots, scale, x):
@@ -456,7 +479,7 @@ def _batched_launcher(config: tuple):
         settings = _settings(x.dtype, rows.dtype, size, rows.shape, num_pieces=num_pieces,
                              degree=degree, extrapolate=extrapolate, uniform=uniform,
                              block_n=block_n, staged=staged, chunks=chunks,
-                             buckets=below.shape[0] if guided else 0)
+                             buckets=below.shape[0] if guided else 0, sides=sides)
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         per_program = settings["BLOCK_N"] * settings.get("CHUNKS", 1)
         operands = ((x, keys, rows, params, below, split, knots, scale) if staged
@@ -465,7 +488,7 @@ def _batched_launcher(config: tuple):
                    jax.ShapeDtypeStruct((size * math.prod(trailing),), x.dtype),
                    (triton.cdiv(size, per_program),),
                    num_warps=num_warps or default_launch(rows.dtype, size, staged,
-                                                         settings.get("BUCKETS", 0))[1],
+                                                         settings.get("BUCKETS", 0), sides)[1],
                    interpret=interpret, **settings)
         return y.reshape((size, *trailing))
 
@@ -491,7 +514,8 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
                       num_pieces: int, degree: int, extrapolate: str = "extend",
                       uniform: bool = False, interpret: bool = False, block_n: int | None = None,
                       num_warps: int | None = None, tables: str | None = None,
-                      chunks: int | None = None, guide: tuple | None = None) -> jax.Array:
+                      chunks: int | None = None, guide: tuple | None = None,
+                      side_rows: jax.Array | None = None) -> jax.Array:
     """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
 
     Args:
@@ -514,6 +538,10 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
             or None. The shared-memory kernel then finds a point's piece from its
             bucket (``below``, ``split``) instead of the uniform guess or the Eytzinger
             search of ``keys``.
+        side_rows: :func:`gpustat.pallas.piecewise.side_rows` of ``rows`` and ``guide``,
+            or None. The
+            shared-memory kernel then reads them instead of ``rows`` and looks up no
+            knot (one lookup a point fewer). Needs ``guide`` and one polynomial.
 
     Returns:
         (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not
@@ -535,39 +563,55 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
         guided = True
         if len(guide) != 4 or any(g.dtype != rows.dtype for g in guide[1:]):
             raise ValueError(f"guide must be guide_tables(breakpoints) in {rows.dtype}")
+    sides = side_rows is not None
+    if sides:
+        if not guided or tables == "cache" or not staging_supported(rows.shape, num_pieces):
+            raise ValueError("side_rows need guide and the shared-memory kernel (one "
+                             f"polynomial, P <= {_STAGED_MAX_PIECES}), got {rows.shape=}, "
+                             f"{tables=!r}, guide {'given' if guided else 'None'}")
+        expected = (next_pow2(num_pieces) + num_pieces, rows.shape[-1])
+        if side_rows.shape != expected or side_rows.dtype != rows.dtype:
+            raise ValueError(f"side_rows must be side_rows(knots, rows, degree): {expected} "
+                             f"in {rows.dtype}, got {side_rows.shape} {side_rows.dtype}")
+        rows = side_rows
     config = (extrapolate, uniform, num_pieces, degree, interpret, block_n, num_warps, tables,
-              chunks, guided)
+              chunks, guided, sides)
     return _batched_launcher(config)(keys, rows, params, *guide, x)
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
     """Configurations the CPU tests compile for sm_90 (P = 256 cubic pieces)."""
     cases = []
-    for x_dtype, dtype, uniform, extrapolate, polys, size, buckets in [
+    for x_dtype, dtype, uniform, extrapolate, polys, size, buckets, sides in [
         # polys 0: one polynomial, shared tables; 2^23 points: the streaming defaults;
-        # buckets > 0: the guided lookup (1024 buckets: the benchmark's graded grid)
-        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 1024),
-        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 0),
-        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 256),
-        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 0),
-        (jnp.float64, jnp.float64, False, "periodic", 0, 5000, 0),
-        (jnp.float64, jnp.float64, False, "extend", 0, 1 << 23, 1024),
-        (jnp.float64, jnp.float64, True, "clamp", 0, 1 << 23, 0),
-        (jnp.float16, jnp.float32, False, "clamp", 3, 5000, 0),  # trailing: cached tables
-        (jnp.float64, jnp.float64, True, "periodic", 2, 5000, 0),
+        # buckets > 0: the guided lookup (1024 buckets: the benchmark's graded grid),
+        # with side_rows (what float32 tables take) or the knot lookup
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 1024, True),
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 1024, False),
+        (jnp.float32, jnp.float32, False, "extend", 0, 1 << 23, 0, False),
+        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 256, True),
+        (jnp.bfloat16, jnp.float32, True, "nan", 0, 5000, 0, False),
+        (jnp.float64, jnp.float64, False, "periodic", 0, 5000, 0, False),
+        (jnp.float64, jnp.float64, False, "extend", 0, 1 << 23, 1024, False),
+        (jnp.float64, jnp.float64, True, "clamp", 0, 1 << 23, 0, False),
+        (jnp.float16, jnp.float32, False, "clamp", 3, 5000, 0, False),  # trailing: cached
+        (jnp.float64, jnp.float64, True, "periodic", 2, 5000, 0, False),
     ]:
         staged = polys == 0
-        rows_shape = (256, 4) if staged else (polys, 256, 8 if uniform else 4)
+        if staged:
+            rows_shape = (256 + 256, 4) if sides else (256, 4)
+        else:
+            rows_shape = (polys, 256, 8 if uniform else 4)
         settings = _settings(x_dtype, dtype, size, rows_shape, num_pieces=256, degree=3,
                              extrapolate=extrapolate, uniform=uniform, block_n=None,
-                             staged=staged, buckets=buckets)
+                             staged=staged, buckets=buckets, sides=sides)
         lookup = f"guided{buckets}" if buckets else "uniform" if uniform else "search"
-        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{lookup},{extrapolate},"
-                f"{'shared' if staged else f't={polys}'},n={size}]")
+        name = (f"ppoly_eval[{jnp.dtype(x_dtype).name},{lookup}{',sides' if sides else ''},"
+                f"{extrapolate},{'shared' if staged else f't={polys}'},n={size}]")
         kernel = _ppoly_eval_staged_kernel if staged else _ppoly_eval_kernel
         guide = (jnp.int32, dtype, dtype, dtype) if staged else ()
         cases.append(CompileCase(name, kernel, (x_dtype, dtype, dtype, dtype, *guide, x_dtype),
-                                 settings, default_launch(dtype, size, staged, buckets)[1]))
+                                 settings, default_launch(dtype, size, staged, buckets, sides)[1]))
     return tuple(cases)
 
 
