@@ -20,6 +20,7 @@ kernels", University of Bologna (2025); torchPACE v1.0.0. Semantics follow
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -442,12 +443,51 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     if 0 in pp.trailing_shape:  # no polynomials to evaluate
         return jnp.zeros(x.shape + pp.trailing_shape, x.dtype)
     tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
+    if tables is not None and _looks_up_16bit(x) and _is_concrete(breakpoints, coeffs):
+        tables = tables._replace(values16=_cached_values16(pp, breakpoints, coeffs, tables, nu,
+                                                           x.dtype, path))
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
     y = _evaluate_jit(breakpoints, coeffs, x, tables, (pp.extrapolate, pp.uniform, path))
     if pp.extrapolate == "clamp" and nu > 0:  # p(clip(x)) is flat outside [x_0, x_P]
         outside = (x < breakpoints[0]) | (x > breakpoints[-1])
         y = jnp.where(outside.reshape(outside.shape + (1,) * len(pp.trailing_shape)), 0, y)
     return y
+
+
+class _KernelTables(NamedTuple):
+    """What the kernels read besides x (a pytree: arrays or None)."""
+
+    keys: Array  # kernel_tables
+    rows: Array
+    params: Array
+    guide: tuple | None  # guide_tables (concrete breakpoints only)
+    sides: Array | None  # side_rows (guided float32 tables of one polynomial)
+    values16: Array | None = None  # the polynomial at every 16-bit x (_cached_values16)
+
+
+def _looks_up_16bit(x) -> bool:
+    """Whether _dispatch evaluates x through its table of all 65,536 16-bit values."""
+    return jnp.dtype(x.dtype).itemsize == 2 and x.size >= _TABLE_LOOKUP_MIN_POINTS
+
+
+def _cached_values16(pp, breakpoints, coeffs, tables, nu, dtype, path):
+    """The (concrete) polynomial at all 65,536 values of the 16-bit ``dtype``, evaluated
+    by the kernel once and kept: each later call is then the lookup alone, one launch
+    (H100: 0.109 ms for 2^26 bfloat16 points, against 0.120 ms with the evaluation)."""
+    cache = pp.__dict__.setdefault("_value_tables", {})
+    key = (nu, jnp.dtype(dtype).name, path)
+    if key not in cache:
+        args = (breakpoints, coeffs, _every_value(dtype), tables)
+        # compiled and run now, also inside a caller's trace: a Compiled call is never
+        # staged (and interpret-mode kernels have no eager evaluation rules)
+        evaluate = _kernel_eval_jit.lower(*args, pp.extrapolate, pp.uniform, path).compile()
+        cache[key] = evaluate(*args)
+    return cache[key]
+
+
+def _every_value(dtype) -> np.ndarray:
+    """All 65,536 values of a 16-bit floating dtype, in bit order."""
+    return np.arange(1 << 16, dtype=np.uint16).view(jnp.dtype(dtype))
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu):
@@ -464,7 +504,7 @@ def _cached_tables(pp, breakpoints, coeffs, nu):
 
 
 def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
-    """(keys, rows, params, guide, side rows) of ``_cached_tables``."""
+    """The :class:`_KernelTables` of ``_cached_tables`` (no 16-bit values)."""
     from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)
@@ -472,7 +512,7 @@ def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
     # float32 (one polynomial) takes the knot-free lookup; float64 keeps its knots
     sides = (side_rows(guide[2], rows, coeffs.shape[0] - 1)
              if guide is not None and rows.ndim == 2 and rows.dtype == np.float32 else None)
-    return keys, rows, params, guide, sides
+    return _KernelTables(keys, rows, params, guide, sides)
 
 
 def _dispatch(breakpoints, coeffs, x, tables, config):
@@ -480,11 +520,14 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
     if path == "reference":
         return ref.ppoly_eval_reference(breakpoints, coeffs, x, extrapolate=extrapolate,
                                         uniform=uniform).astype(x.dtype)
-    if jnp.dtype(x.dtype).itemsize == 2 and x.size >= _TABLE_LOOKUP_MIN_POINTS:
+    if _looks_up_16bit(x):
         # A 16-bit x takes at most 65,536 values: the kernel evaluates every one of
-        # them once and each point looks its value up (elementwise: the same results).
-        every = jax.lax.bitcast_convert_type(jnp.arange(1 << 16, dtype=jnp.uint16), x.dtype)
-        values = _kernel_eval(breakpoints, coeffs, every, tables, extrapolate, uniform, path)
+        # them once (or once per concrete polynomial, _cached_values16) and each point
+        # looks its value up (elementwise: the same results).
+        values = None if tables is None else tables.values16
+        if values is None:
+            values = _kernel_eval(breakpoints, coeffs, _every_value(x.dtype), tables,
+                                  extrapolate, uniform, path)
         bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.int32)
         return values.at[bits].get(mode="promise_in_bounds")
     return _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path)
@@ -494,8 +537,9 @@ def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
     """The Pallas, interpreted or Triton kernel at every x."""
     from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
 
-    keys, rows, params, guide, sides = ((*kernel_tables(breakpoints, coeffs, uniform), None,
-                                         None) if tables is None else tables)
+    if tables is None:
+        tables = _KernelTables(*kernel_tables(breakpoints, coeffs, uniform), None, None)
+    keys, rows, params, guide, sides, _ = tables
     trailing = coeffs.shape[2:]
     if path == "triton":  # one launch; trailing polynomials share each point's search
         from gpustat.triton.piecewise import ppoly_eval_triton
@@ -543,6 +587,7 @@ def _evaluate_jvp(config, primals, tangents):
 
 # One executable per shape and setting for eager calls (instead of op-by-op dispatch).
 _evaluate_jit = jax.jit(_evaluate, static_argnums=(4,))
+_kernel_eval_jit = jax.jit(_kernel_eval, static_argnums=(4, 5, 6))
 _derivative_jit = jax.jit(ref.derivative_coeffs, static_argnums=1)
 _antiderivative_jit = jax.jit(ref.antiderivative_coeffs, static_argnums=2)
 _integrate_jit = jax.jit(ref.integrate_reference, static_argnames=("extrapolate",))
