@@ -25,6 +25,7 @@ from gpustat.csr import CSR
 from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
 from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
+from gpustat.piecewise_fit import fit_piecewise
 from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import ppoly_eval_reference
 from tests.helpers import assert_close, tol
@@ -361,6 +362,21 @@ class TestPiecewiseTritonKernel:
                          atol=tol(np.float32, "kernel") * terms)
         else:
             _check_16bit(got, expected, dtype)
+
+    def test_side_rows_float32_within_a_few_ulp_of_float64(self):
+        # a smooth function on graded pieces, every breakpoint -1 ulp included: the
+        # points left of their bucket's breakpoint evaluate the re-expanded piece below
+        bp = (4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 129)) / np.sinh(2.0)).astype(np.float32)
+        fitted, _ = fit_piecewise(np.sin, float(bp[0]), float(bp[-1]), 128, 3,
+                                  breakpoints=bp.astype(np.float64))
+        c = np.asarray(fitted.coeffs, np.float32)
+        x = np.concatenate([np.random.default_rng(15).uniform(-4.0, 4.0, 3000),
+                            np.nextafter(bp, np.float32(-np.inf)), bp]).astype(np.float32)
+        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float32, "extend", False,
+                                  guided=True, sides=True, tables="shared"), np.float64)
+        exact = PPoly(c.astype(np.float64), bp.astype(np.float64))(x.astype(np.float64))
+        ulp = np.spacing(np.maximum(np.abs(exact), 2.0 ** -3).astype(np.float32))
+        assert np.max(np.abs(got - exact) / ulp) <= 4.0
 
     @pytest.mark.parametrize("tables", ["shared", "cache"])
     @pytest.mark.parametrize("mode, uniform", [
