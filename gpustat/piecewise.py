@@ -442,8 +442,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
         coeffs = ref.derivative_coeffs(pp.coeffs.astype(cdt), nu)
     if 0 in pp.trailing_shape:  # no polynomials to evaluate
         return jnp.zeros(x.shape + pp.trailing_shape, x.dtype)
-    tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu)
-    if tables is not None and _looks_up_16bit(x) and _is_concrete(breakpoints, coeffs):
+    tables = None if path == "reference" else _cached_tables(pp, breakpoints, coeffs, nu, path)
+    if (tables is not None and _looks_up_16bit(x) and _is_concrete(breakpoints, coeffs)
+            and not jax.config.jax_disable_jit):  # (no ahead-of-time compile without jit)
         tables = tables._replace(values16=_cached_values16(pp, breakpoints, coeffs, tables, nu,
                                                            x.dtype, path))
     # x keeps its own dtype (a bfloat16 stream is read as bfloat16 by the kernel).
@@ -473,7 +474,11 @@ def _looks_up_16bit(x) -> bool:
 def _cached_values16(pp, breakpoints, coeffs, tables, nu, dtype, path):
     """The (concrete) polynomial at all 65,536 values of the 16-bit ``dtype``, evaluated
     by the kernel once and kept: each later call is then the lookup alone, one launch
-    (H100: 0.109 ms for 2^26 bfloat16 points, against 0.120 ms with the evaluation)."""
+    (H100: 0.109 ms for 2^26 bfloat16 points, against 0.120 ms with the evaluation).
+
+    The first call runs the kernel even when it is only traced (``jax.jit``,
+    ``jax.eval_shape``): a compiled executable's call is never staged.
+    """
     cache = pp.__dict__.setdefault("_value_tables", {})
     key = (nu, jnp.dtype(dtype).name, path)
     if key not in cache:
@@ -490,21 +495,23 @@ def _every_value(dtype) -> np.ndarray:
     return np.arange(1 << 16, dtype=np.uint16).view(jnp.dtype(dtype))
 
 
-def _cached_tables(pp, breakpoints, coeffs, nu):
-    """Kernel tables, the guide of the Triton kernel's bucketed lookup (None unless the
-    breakpoints are concrete) and, for one float32 polynomial, its side rows (or None);
-    for a concrete polynomial built once on the host."""
+def _cached_tables(pp, breakpoints, coeffs, nu, path):
+    """Kernel tables and, for the Triton kernel, the guide of its bucketed lookup (None
+    unless the breakpoints are concrete) and for one float32 polynomial its side rows
+    (or None); for a concrete polynomial built once on the host."""
+    triton = path == "triton"
     if not _is_concrete(breakpoints, coeffs):
-        return _tables(breakpoints, coeffs, pp.uniform, _is_concrete(breakpoints))
+        return _tables(breakpoints, coeffs, pp.uniform, triton and _is_concrete(breakpoints))
     cache = pp.__dict__.setdefault("_kernel_tables", {})
-    key = (nu, coeffs.dtype.name)
+    key = (nu, coeffs.dtype.name, triton)
     if key not in cache:
-        cache[key] = _tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform, True)
+        cache[key] = _tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform, triton)
     return cache[key]
 
 
 def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
-    """The :class:`_KernelTables` of ``_cached_tables`` (no 16-bit values)."""
+    """The :class:`_KernelTables` of ``_cached_tables`` (no 16-bit values; ``guided``:
+    with the Triton kernel's guide and side rows)."""
     from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)

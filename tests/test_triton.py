@@ -255,7 +255,7 @@ def test_guide_tables_give_searchsorted_pieces(dtype, grid):
 
 @pytest.mark.parametrize("degree", [3, 2, 0])
 def test_side_rows_recentre_the_piece_below_each_breakpoint(degree):
-    # row q (0 < q < P) evaluated at x - x_q equals piece q - 1 (scipy PPoly, float64) on
+    # row q (1 < q < P) evaluated at x - x_q equals piece q - 1 (scipy PPoly, float64) on
     # all of piece q - 1; row 0 and rows T.. are the pieces' own rows, the rest zero
     rng = np.random.default_rng(31)
     bp = 4.0 * np.sinh(2.0 * np.linspace(-1.0, 1.0, 41)) / np.sinh(2.0)
@@ -266,8 +266,8 @@ def test_side_rows_recentre_the_piece_below_each_breakpoint(degree):
     assert sides.shape == (T + P, rows.shape[1]) and sides.dtype == rows.dtype
     np.testing.assert_array_equal(sides[T:], rows)
     np.testing.assert_array_equal(sides[0], rows[0])
-    assert not sides[P:T].any() and not sides[1:P, degree + 1:].any()
-    for q in range(1, P):
+    assert not sides[P:T].any() and not sides[1].any() and not sides[:P, degree + 1:].any()
+    for q in range(2, P):
         x = rng.uniform(bp[q - 1], bp[q], 7)
         got = np.polyval(sides[q, :degree + 1], x - bp[q])
         assert_close(got, PPoly(c, bp)(x), rtol=1e-12, atol=1e-12)
@@ -280,7 +280,8 @@ def test_side_rows_recentre_the_piece_below_each_breakpoint(degree):
 
 
 def test_guide_tables_with_side_rows_evaluate_every_point_at_its_split():
-    # the kernel's side-row rule: row below + 1 + T * (x >= split), u = x - split
+    # the kernel's side-row rule: row below + 1 + T * (x >= split), u = x - split, but
+    # row 0 at u = x - x_0 for piece 0 (below <= 0 left of split)
     bp = 8.0 * np.sinh(2.5 * np.linspace(-1.0, 1.0, 257)) / np.sinh(2.5)
     c = np.random.default_rng(22).normal(size=(4, 256))
     below, split, knots, scale = guide_tables(bp)
@@ -289,8 +290,10 @@ def test_guide_tables_with_side_rows_evaluate_every_point_at_its_split():
     x = np.concatenate([rng.uniform(-8.0, 8.0, 20_000), bp[:-1], np.nextafter(bp[1:-1], -9)])
     b = np.clip(np.floor((x - bp[0]) * scale[0]), 0, below.size - 1).astype(np.int64)
     above = x >= split[b]
-    row = below[b] + 1 + 256 * above
-    got = np.array([np.polyval(sides[r], u) for r, u in zip(row, x - split[b])])
+    first = (below[b] <= 0) & ~above
+    row = np.where(first, 0, below[b] + 1 + 256 * above)
+    u = np.where(first, x - bp[0], x - split[b])
+    got = np.array([np.polyval(sides[r], v) for r, v in zip(row, u)])
     assert_close(got, PPoly(c, bp)(x), rtol=1e-12, atol=1e-12)
 
 
@@ -416,6 +419,24 @@ class TestPiecewiseTritonKernel:
                        tables="shared", chunks=chunks)
         expected = _ppoly_expected(bp, c, x, jnp.float64, "extend", uniform)
         assert_close(got, expected, rtol=tol(np.float64, "kernel"), atol=1e-12)
+
+    @pytest.mark.parametrize("mode", ["clamp", "periodic", "extend"])
+    def test_side_rows_keep_the_first_piece_exact_at_x0(self, mode):
+        # x_1 in the first bucket: the points of piece 0 left of it take piece 0's own
+        # row at its knot x_0, so a polynomial that vanishes at x_0 gives exactly 0
+        # there (every x <= x_0 under "clamp"; x_0 + the period under "periodic")
+        bp = np.array([0.0, 0.01, 0.5, 0.7, 1.0], np.float32)
+        c = (np.random.default_rng(3).normal(size=(4, 4)) * 10).astype(np.float32)
+        c[3, 0] = 0.0
+        guide = guide_tables(bp)
+        assert guide[0][0] == 0 and guide[1][0] == bp[1]  # bucket 0 holds x_1
+        x = np.array([-5.0, -1e-3, 0.0, 1.0, 3.0, 0.004], np.float32)
+        got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float32, mode, False, guided=True,
+                                  sides=True, tables="shared"))
+        expected = np.asarray(_ppoly_expected(bp, c, x, jnp.float32, mode, False))
+        at_x0 = {"clamp": [0, 1, 2], "periodic": [2, 3, 4], "extend": [2]}[mode]
+        np.testing.assert_array_equal(got[at_x0], 0.0)
+        assert_close(got, expected, rtol=1e-5, atol=1e-5 * np.abs(c).sum())
 
     def test_side_rows_need_the_guide_and_their_shape(self):
         bp, c, x = _ppoly_case(40, 3, True, seed=4)  # uniform: a guide exists

@@ -289,8 +289,10 @@ def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: t
     piece = max(below + (x >= split), 0). Its knot is split where x >= split (nearly
     every point); the other lanes look it up in ``knots``, and the lanes that do not
     need it read entry 0 (a broadcast, no bank conflict). With ``side_rows``
-    (SIDES = T > 0) no lane needs its knot: the row is ``below + 1`` (left of split,
-    the piece below re-expanded at split) or ``T + below + 1``, expanded at split.
+    (SIDES = T > 0) no lane gathers its knot: the row is ``T + below + 1`` right of
+    split, ``below + 1`` (the piece below, re-expanded at split) left of it, except
+    that piece 0 keeps its own row 0 and knot x_0 (so p(x_0) stays exact, e.g. every
+    x <= x_0 under "clamp").
     """
     bucket = _grid_cell(x, lo, bucket_scale, BUCKETS)
     if PAIRED:
@@ -302,7 +304,9 @@ def _guided_piece(buckets, x, lo, bucket_scale, BUCKETS: tl.constexpr, PAIRED: t
         split = tl.gather(buckets[1], bucket, 0)
     above = x >= split
     if SIDES > 0:
-        return below + 1 + tl.where(above, SIDES, 0), split
+        first = (below <= 0) & ~above  # piece 0, and NaN x
+        row = tl.where(first, 0, below + 1 + tl.where(above, SIDES, 0))
+        return row, tl.where(first, lo, split)
     index = tl.maximum(below + tl.where(above, 1, 0), 0)
     left = tl.gather(buckets[2], tl.where(above, 0, index), 0)
     return index, tl.where(above, split, left)
@@ -340,7 +344,7 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
             keys = tl.load(keys_ptr + slots)
     if CHUNKS > 1:  # read once, kept in registers across the blocks
         columns = _staged_columns(rows_ptr, NUM_PIECES + SIDES, DEGREE, WIDTH, TABLE + SIDES,
-                                      PAIRED, COPIES)
+                                  PAIRED, COPIES)
 
     lanes = tl.arange(0, BLOCK_N)
     start = tl.program_id(0) * (BLOCK_N * CHUNKS)
@@ -539,9 +543,9 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
             bucket (``below``, ``split``) instead of the uniform guess or the Eytzinger
             search of ``keys``.
         side_rows: :func:`gpustat.pallas.piecewise.side_rows` of ``rows`` and ``guide``,
-            or None. The
-            shared-memory kernel then reads them instead of ``rows`` and looks up no
-            knot (one lookup a point fewer). Needs ``guide`` and one polynomial.
+            or None. The shared-memory kernel then reads them instead of ``rows`` and
+            looks up no knot (one lookup a point fewer). Needs ``guide`` and one
+            polynomial.
 
     Returns:
         (n, *t) in x's dtype. Works under ``jax.jit`` and ``jax.vmap``; not

@@ -123,6 +123,9 @@ class TestPiecewiseKernel(KernelTests):
         jaxpr = str(jax.make_jaxpr(lambda v: pp(v, backend=self.backend))(x[:2000]))
         assert "gather" in jaxpr
         assert not any(kernel in jaxpr for kernel in ("pallas_call", "triton_kernel_call"))
+        with jax.disable_jit():  # no ahead-of-time compile there: the values per call
+            plain = pp(x.reshape(3, 1000), backend=self.backend)
+        np.testing.assert_array_equal(np.asarray(plain, np.float64).reshape(-1, 2), each)
 
     def test_float32_few_ulp_of_float64(self):
         pp32 = activation("tanh", num_pieces=128, dtype=jnp.float32)
