@@ -36,6 +36,15 @@ def assert_close(actual, expected, *, rtol: float, atol: float = 0.0, err_msg: s
     )
 
 
+def assert_within_float32_ulps(got, exact, ulps: float, *, floor: float) -> None:
+    """``|got - exact|`` at most ``ulps`` float32 ulps of ``max(|exact|, floor)`` everywhere
+    (``exact``: a float64 oracle; the floor keeps values near zero from demanding ulps of
+    tiny numbers)."""
+    spacing = np.spacing(np.maximum(np.abs(exact), floor).astype(np.float32))
+    worst = float(np.max(np.abs(np.asarray(got, np.float64) - exact) / spacing))
+    assert worst <= ulps, f"{worst:.2f} float32 ulps > {ulps}"
+
+
 def assert_lowers_for_cuda(fn: Callable, args: Sequence[jax.ShapeDtypeStruct],
                            device_kind: str = "NVIDIA H100") -> str:
     """Lower ``jax.jit(fn)(*args)`` for CUDA on this (CPU) machine and return the text.

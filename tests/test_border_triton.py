@@ -12,7 +12,7 @@ import pytest
 from gpustat.border import BorderSolution, solve_batched_border
 from tests.helpers import assert_close
 from tests.oracles.border_dense import assert_matches_dense
-from tests.oracles.border_fixtures import random_batch, random_pd_atom
+from tests.oracles.border_fixtures import atoms_with_two_bad_rows, random_batch, random_pd_atom
 from tests.oracles.border_golden import (
     GOLDEN_RIDGE,
     failing_d2_atoms,
@@ -104,12 +104,7 @@ class TestBorderTriton(BorderKernelScenarios):
         status 1 at row 45 with the reference's bump; with a row ridge past both rows'
         bumps (and one more, so no row is barely PD) the atom solves; the PD atom beside
         it is solved both times."""
-        rng = np.random.default_rng(5)
-        atoms = [random_pd_atom(rng, 80, 2, 5), random_pd_atom(rng, 17, 2, 3)]
-        H_tt = atoms[0][0].copy()
-        H_tt[70] = -np.eye(2)
-        H_tt[45] = np.array([[1.0, 3.0], [3.0, 1.0]])
-        atoms[0] = (H_tt, *atoms[0][1:])
+        atoms = atoms_with_two_bad_rows(80, late=70, early=45)
         got, want = self.against_reference(atoms, 0.0)
         np.testing.assert_array_equal(got.status, [1, 0])
         np.testing.assert_array_equal(got.row, [45, -1])

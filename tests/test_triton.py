@@ -28,7 +28,7 @@ from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.piecewise_fit import fit_piecewise
 from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import ppoly_eval_reference
-from tests.helpers import assert_close, tol
+from tests.helpers import assert_close, assert_within_float32_ulps, tol
 from tests.oracles import factorization_oracle as oracle
 from tests.oracles.factorization_cases import make_problem
 
@@ -378,8 +378,7 @@ class TestPiecewiseTritonKernel:
         got = np.asarray(self.run(bp, c, jnp.asarray(x), np.float32, "extend", False,
                                   guided=True, sides=True, tables="shared"), np.float64)
         exact = PPoly(c.astype(np.float64), bp.astype(np.float64))(x.astype(np.float64))
-        ulp = np.spacing(np.maximum(np.abs(exact), 2.0 ** -3).astype(np.float32))
-        assert np.max(np.abs(got - exact) / ulp) <= 4.0
+        assert_within_float32_ulps(got, exact, 4.0, floor=2.0 ** -3)
 
     @pytest.mark.parametrize("tables", ["shared", "cache"])
     @pytest.mark.parametrize("mode, uniform", [

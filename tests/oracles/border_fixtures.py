@@ -73,6 +73,19 @@ def random_pd_atom(rng: np.random.Generator, n: int, d: int, k: int):
     return H_tt, H_tb, g_t, H_bb, g_b
 
 
+def atoms_with_two_bad_rows(n: int, late: int, early: int, seed: int = 5):
+    """A random PD atom of ``n`` rows (d = 2, k = 5) whose row ``late`` is ``-I`` and row
+    ``early < late`` indefinite, beside a PD atom of 17 rows (k = 3): the first failing
+    row is ``early``."""
+    rng = np.random.default_rng(seed)
+    atoms = [random_pd_atom(rng, n, 2, 5), random_pd_atom(rng, 17, 2, 3)]
+    H_tt = atoms[0][0].copy()
+    H_tt[late] = -np.eye(2)
+    H_tt[early] = np.array([[1.0, 3.0], [3.0, 1.0]])
+    atoms[0] = (H_tt, *atoms[0][1:])
+    return atoms
+
+
 def random_batch(seed: int, sizes: list[tuple[int, int]], d: int):
     """Random PD atoms with ``sizes = [(n_a, k_a), ...]``."""
     rng = np.random.default_rng(seed)

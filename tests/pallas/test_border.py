@@ -18,7 +18,7 @@ from gpustat.pallas.border import (
 )
 from tests.helpers import KernelTests, assert_close
 from tests.oracles.border_dense import assert_matches_dense
-from tests.oracles.border_fixtures import random_pd_atom
+from tests.oracles.border_fixtures import atoms_with_two_bad_rows, random_pd_atom
 from tests.oracles.border_golden import (
     GOLDEN_D2,
     GOLDEN_RIDGE,
@@ -239,12 +239,7 @@ class TestBorderKernel(BorderKernelScenarios, KernelTests):
         """Rows 37 and 21 of a 40-row atom indefinite, 16-row chunks: the kernel reports
         row 21 (third chunk) and its bump, as the reference does; the PD atom beside it
         is solved."""
-        rng = np.random.default_rng(5)
-        atoms = [random_pd_atom(rng, 40, 2, 5), random_pd_atom(rng, 17, 2, 3)]
-        H_tt = atoms[0][0].copy()
-        H_tt[37] = -np.eye(2)
-        H_tt[21] = np.array([[1.0, 3.0], [3.0, 1.0]])
-        atoms[0] = (H_tt, *atoms[0][1:])
+        atoms = atoms_with_two_bad_rows(40, late=37, early=21)
         b = batch_of(atoms)
         got, want = self.streamed_and_reference(b)
         np.testing.assert_array_equal(got.status, [1, 0])

@@ -11,7 +11,7 @@ from gpustat.pallas.piecewise import eytzinger_order, ppoly_eval_pallas
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.piecewise_activations import activation
 from gpustat.reference import piecewise as ref
-from tests.helpers import KernelTests, assert_close, tol
+from tests.helpers import KernelTests, assert_close, assert_within_float32_ulps, tol
 
 SCIPY_MODE = {"extend": True, "nan": False, "periodic": "periodic"}
 evaluate_reference = jax.jit(ref.ppoly_eval_reference, static_argnames=("extrapolate", "uniform"))
@@ -132,8 +132,7 @@ class TestPiecewiseKernel(KernelTests):
         x = jnp.asarray(np.random.default_rng(5).uniform(-9, 9, 1000), jnp.float32)
         got = np.asarray(pp32(x, backend=self.backend), np.float64)
         exact = pp32.to_scipy()(np.asarray(x, np.float64))  # same f32 tables, f64 arithmetic
-        ulp = np.spacing(np.maximum(np.abs(exact), 2.0 ** -3).astype(np.float32))
-        assert np.max(np.abs(got - exact) / ulp) <= 4.0
+        assert_within_float32_ulps(got, exact, 4.0, floor=2.0 ** -3)
 
     def test_trailing_axes(self):
         rng = np.random.default_rng(6)

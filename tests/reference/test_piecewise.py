@@ -9,7 +9,7 @@ from scipy.interpolate import PPoly
 from gpustat.piecewise_activations import ACTIVATIONS
 from gpustat.piecewise_fit import fit_piecewise
 from gpustat.reference import piecewise as ref
-from tests.helpers import assert_close, tol
+from tests.helpers import assert_close, assert_within_float32_ulps, tol
 
 SCIPY_MODE = {"extend": True, "nan": False, "periodic": "periodic"}
 
@@ -148,8 +148,7 @@ def test_float32_within_a_few_ulp_of_float64():
     exact = PPoly(c32.astype(np.float64), bp32.astype(np.float64))(x32.astype(np.float64))
     got = np.asarray(evaluate(jnp.asarray(bp32), jnp.asarray(c32),
                                               jnp.asarray(x32), uniform=True))
-    ulp = np.spacing(np.maximum(np.abs(exact), 1.0).astype(np.float32))
-    assert np.max(np.abs(got - exact) / ulp) <= 4.0
+    assert_within_float32_ulps(got, exact, 4.0, floor=1.0)
 
 
 # The spec's accuracy table (max |error|, float64, uniform, Chebyshev fit).
