@@ -135,6 +135,24 @@ class TestBorderTriton(BorderKernelScenarios):
         assert np.all(np.isnan(np.asarray(got.delta_t)[:70 * 8]))
         assert_matches_dense(atoms, got, 0.0, 0.0, only=[8])
 
+    def test_scalar_schur_groups_and_gauss_jordan_side_by_side(self):
+        """Borders at both ends of every scalar Schur size (k = 1, 4 | 5, 8 | 9, 12) and
+        past them (k = 13, 15: Gauss-Jordan), one atom of the size-8 group whose border's
+        only negative pivot is its last (status 2 and the reference's bump, the others in
+        its launch unaffected); the bump makes the retry succeed."""
+        rng = np.random.default_rng(11)
+        sizes = [(30, 1), (5, 4), (64, 5), (1, 8), (40, 6), (33, 9), (70, 12), (9, 13), (2, 15)]
+        atoms = [random_pd_atom(rng, n, 2, k) for n, k in sizes]
+        atoms[4] = (*atoms[4][:3], np.diag([2.0] * 5 + [-2.0]), atoms[4][4])
+        got, want = self.against_reference(atoms, GOLDEN_RIDGE)
+        np.testing.assert_array_equal(got.status, [0, 0, 0, 0, 2, 0, 0, 0, 0])
+        assert_same_solution(got, want, rtol=1e-10)
+        assert_matches_dense(atoms, got, GOLDEN_RIDGE, GOLDEN_RIDGE)
+        ridge_beta = GOLDEN_RIDGE + np.asarray(got.bump)
+        fixed = self.solve(batch_of(atoms), GOLDEN_RIDGE, ridge_beta)
+        np.testing.assert_array_equal(fixed.status, 0)
+        assert_matches_dense(atoms, fixed, GOLDEN_RIDGE, ridge_beta)
+
     def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
         """Atom 0's Schur complement is -2 I (status 2, the reference's bump); re-solved
         with the bump on its border ridge it matches the dense oracle."""
