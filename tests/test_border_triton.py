@@ -33,6 +33,36 @@ BACKENDS = [pytest.param("interpret", id="interpret", marks=needs_triton),
             pytest.param("triton", id="triton", marks=pytest.mark.gpu)]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_binary_parts_of_the_row_pivots_match_frexp(dtype):
+    """The row pass's ``x = m 2^e`` (``m`` in [1, 2)) against numpy's frexp (``m`` in
+    [0.5, 1)) over normal and subnormal magnitudes, the largest finite value and +inf
+    (``m = inf``), compiled: Triton's interpreter runs a kernel's own module only, and the
+    helper lives in the library's."""
+    import jax
+
+    from gpustat.triton._common import launch
+    from tests.triton_helper_kernels import binary_parts_kernel
+
+    info = np.finfo(dtype)
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        rng.uniform(1, 2, 64) * 2.0 ** rng.integers(info.minexp, info.maxexp, 64),
+        [info.smallest_subnormal, info.smallest_normal / 3, info.smallest_normal, 1.0,
+         info.max], np.ones(59)]).astype(dtype)
+    shapes = (jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct(x.shape, jnp.int32))
+    m, e = launch(binary_parts_kernel, (jnp.asarray(x),), shapes, (1,), num_warps=1,
+                  N=x.size)
+    m_np, e_np = np.frexp(x)
+    np.testing.assert_array_equal(np.asarray(m), 2 * m_np)
+    np.testing.assert_array_equal(np.asarray(e), e_np - 1)
+    m, _ = launch(binary_parts_kernel, (jnp.full(1, np.inf, dtype),),
+                  (jax.ShapeDtypeStruct((1,), dtype), jax.ShapeDtypeStruct((1,), jnp.int32)),
+                  (1,), num_warps=1, N=1)
+    assert np.isposinf(np.asarray(m)[0])
+
+
 @needs_triton
 def test_launch_config_is_a_power_of_two_warps():
     """Triton needs a power-of-two warp count (d = 3 at K = 16 asked for 6 and the GPU

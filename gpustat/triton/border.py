@@ -6,9 +6,11 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
 1. **Row pass**: chunks of ``R`` rows; each row's ``d x d`` Cholesky, ``u_i`` and
    ``Y_i = L_i^{-1} H_tb_i`` (``d`` tiles of ``(R, K)``), ``S += Y_p^T Y_p`` as ``d``
    tensor-core dots, the right-hand side, the rows' log-determinant, the first failing row
-   and a NaN probe of every input entry. ``K`` is ``k + 1`` padded to 16 or 32, so that
-   ``u_i`` rides in ``Y_i``'s last column and the dots give the right-hand side too
-   (``k = 32``: ``K = 32`` and an ``(R, K)`` accumulator instead).
+   and a NaN probe of the inputs (``H_tb``'s entries only in atoms with a failing row:
+   elsewhere a non-finite one makes ``S`` non-finite, which reports the same status).
+   ``K`` is ``k + 1`` padded to 16 or 32, so that ``u_i`` rides in ``Y_i``'s last column
+   and the dots give the right-hand side too (``k = 32``: ``K = 32`` and an ``(R, K)``
+   accumulator instead).
 2. **Schur solve**: ``S0 = H_bb - sum_i Y_i^T Y_i``, its Gershgorin ridge bump (spec B.5),
    then ``S = S0 + ridge_beta I`` (identity padding) solved, its pivots (the ``LDL^T``
    pivots, all ``> 0`` exactly when ``S`` is positive definite, in exact arithmetic) giving
@@ -24,21 +26,25 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
    An ``S`` within rounding of singular can go either way: these factorisations and the
    reference's round differently, and then their statuses can differ.
 3. **Back substitution**: the atom's rows again (from L2: the program read them
-   microseconds before), ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``.
+   microseconds before), ``delta_t_i = -L_i^{-T} L_i^{-1} (g_i + H_tb_i delta_beta)``
+   (``= -L_i^{-T} (u_i + Y_i delta_beta)`` without whitening ``H_tb_i`` again).
 
 A failed atom (a non-finite input, a row or ``S`` not positive definite, ``S0`` or the
 right-hand side overflowing) gets NaN ``delta_beta``, so its rows come out NaN; the
 wrapper turns the per-atom statistics into ``status``, ``row`` and ``bump`` with the rules
 of :mod:`gpustat.reference.border`.
 
-Layout: the tiles' column index is multiplied by a runtime 1 (``unit``), which hides the
-columns' contiguity from Triton's coalescing pass, so it lays a tile out one row per
-thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. The rows' scalar
-work (``d`` square roots and the whitening factors) then runs once per row instead of
-16 times (probes of the row pass alone: 1.73 ms with a row across 16 threads on an H100,
-0.79 ms one row a thread on an H200; ``docs/border.md`` has the timings and what was
-tried). Index arithmetic is int32, as in the Pallas kernels (``BorderBatch`` checks the
-packed sizes).
+Layout: the ``H_tb`` tiles' column offsets pass through a PTX move (:func:`_opaque`),
+which hides their contiguity from Triton's coalescing pass, so it lays a tile out one row
+per thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. The rows'
+scalar work (``d`` square roots and the whitening factors) then runs once per row instead
+of 16 times (probes of the row pass alone: 1.73 ms with a row across 16 threads on an
+H100, 0.79 ms one row a thread on an H200; ``docs/border.md`` has the timings and what
+was tried). ptxas still sees the constant offsets and folds them into the loads' address
+immediates: a tile element costs its load, a predicate and a zero, not an address. (An
+earlier form multiplied the columns by a runtime 1; Triton's interpreter, which has no
+inline assembly, still does.) Index arithmetic is int32, as in the Pallas kernels
+(``BorderBatch`` checks the packed sizes), up to the rows' ``H_tb`` pointers.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ _ROWS = 32  # rows per chunk: one per thread of a warp
 # on the tile (a scalar factorisation of 15 spills: 760 bytes in an offline sm_90 compile).
 _SCHUR_DIMS = (4, 8, 12)
 _NO_ROW = 2**30  # "no failing row" sentinel, larger than any atom-local row index
+_LN2 = tl.constexpr(float(np.log(2.0)))
 _META = 8  # atom, first row, rows, border width, H_tb / H_bb / g_b offsets, a spare
 # Per-atom statistics: log-determinant, first failing row, NaN probe of the inputs,
 # Schur bump, S0 or r non-finite, S not positive definite.
@@ -85,7 +92,15 @@ def _lower(h, p: tl.constexpr, q: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit,
+def _opaque(x):
+    """``x`` (int32) through a PTX move: Triton's analyses see an unknown value (no
+    contiguity), ptxas still sees the constants."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, tile_cols,
                D: tl.constexpr):
     """The chunk's lower ``H_tt`` entries and ``g_t`` as ``(R,)`` vectors, ``H_tb`` as
     ``D`` tiles of ``(R, K)``; rows past the atom read as identity blocks."""
@@ -99,8 +114,9 @@ def _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit,
     B = ()
     for p in tl.static_range(D):
         g = g + (tl.load(gt_ptr + row * D + p, mask=ok, other=0.0),)  # noqa: RUF005
-        offsets = cross0 + (loc[:, None] * D + p) * k + (cols * unit)[None, :]
-        B = B + (tl.load(htb_ptr + offsets, mask=tile_ok, other=0.0),)  # noqa: RUF005
+        row_ptr = htb_ptr + (cross0 + (loc * D + p) * k)
+        B = B + (tl.load(row_ptr[:, None] + tile_cols[None, :], mask=tile_ok,  # noqa: RUF005
+                         other=0.0),)
     return h, g, B
 
 
@@ -170,15 +186,40 @@ def _whiten(h, g, B, ridge, D: tl.constexpr):
 
 
 @triton.jit
-def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, unit, ridge_t,
+def _binary_parts(x):
+    """``(m, e)`` with ``x = m * 2**e``, ``m`` in ``[1, 2)`` and int32 ``e``, for positive
+    finite ``x``, from its bits, as :func:`gpustat.pallas.border._binary_parts` (the row pass
+    multiplies pivots instead of summing their logarithms, whose float64 polynomial is long;
+    a subnormal ``x`` is rebuilt from its integer fraction; ``+inf`` gives ``m = inf``;
+    zero, negative and NaN ``x`` give garbage: their atoms fail and report NaN)."""
+    if x.dtype == tl.float64:
+        return _binary_parts_of(x, tl.int64, 52, 1023)
+    else:
+        return _binary_parts_of(x, tl.int32, 23, 127)
+
+
+@triton.jit
+def _binary_parts_of(x, ITYPE: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    bits = x.to(ITYPE, bitcast=True)
+    fraction = bits & ((1 << MBITS) - 1)
+    subnormal = (bits >> MBITS) == 0  # x = fraction * 2**(1 - BIAS - MBITS)
+    bits = tl.where(subnormal, fraction.to(x.dtype), x).to(ITYPE, bitcast=True)
+    e = (bits >> MBITS) - BIAS + tl.where(subnormal, 1 - BIAS - MBITS, 0)
+    m = ((bits & ((1 << MBITS) - 1)) | (BIAS << MBITS)).to(x.dtype, bitcast=True)
+    return tl.where(x == float("inf"), x, m), e.to(tl.int32)
+
+
+@triton.jit
+def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, tile_cols, ridge_t,
            D: tl.constexpr):
-    """Rows ``loc`` (atom-local; those ``>= n`` are padding) loaded and whitened:
-    ``loc, ok, row`` and the outputs of :func:`_load_rows` and :func:`_whiten`."""
+    """Rows ``loc`` (atom-local; those ``>= n`` are padding) loaded and whitened for the
+    row pass: ``ok``, the lower ``H_tt`` entries ``h``, ``g_t``, the pivots, ``u`` and
+    ``Y`` (:func:`_load_rows`, :func:`_whiten`)."""
     ok = loc < n
-    row = row0 + loc
-    h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, unit, D)
-    L, inv, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
-    return loc, ok, row, h, g, B, L, inv, piv, u, Y
+    h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, ok, loc, cross0, k, cols, tile_cols,
+                         D)
+    _, _, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
+    return ok, h, g, piv, u, Y
 
 
 @triton.jit
@@ -192,27 +233,34 @@ def _gershgorin_bump(gap, scale, radius, ridge, dim, unit_roundoff):
 
 
 @triton.jit
-def _atom(meta_ptr, ridge_t_ptr, K: tl.constexpr):
-    """The atom's metadata (``_META`` order), its row ridge, a runtime 1 (``unit``: see the
-    module docstring), the border columns and which of them are real."""
+def _atom(meta_ptr, ridge_t_ptr, K: tl.constexpr, ASM: tl.constexpr):
+    """The atom's metadata (``_META`` order), its row ridge, a runtime 1 (``unit``), the
+    border columns, the same as ``H_tb`` tiles' column offsets (see the module docstring)
+    and which of them are real. ``ASM``: hide the columns through a PTX move (not in
+    Triton's interpreter, which has no inline assembly: there a runtime 1 hides them)."""
     atom = tl.load(meta_ptr)
     k = tl.load(meta_ptr + 3)
+    unit = (k > 0).to(tl.int32)
     cols = tl.arange(0, K)
+    if ASM:
+        tile_cols = _opaque(cols)
+    else:
+        tile_cols = cols * unit
     return (atom, tl.load(meta_ptr + 1), tl.load(meta_ptr + 2), k, tl.load(meta_ptr + 4),
             tl.load(meta_ptr + 5), tl.load(meta_ptr + 6), tl.load(ridge_t_ptr + atom),
-            (k > 0).to(tl.int32), cols, cols < k)
+            unit, cols, tile_cols, cols < k)
 
 
 @triton.jit
 def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr,
                   gb_ptr, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                  UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr):
+                  UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr, ASM: tl.constexpr):
     """Step 1 and the start of step 2 for the atom of ``meta_ptr``: the ridged Schur
     complement ``A`` (identity padding), the right-hand side ``z``, the rows'
     log-determinant, the NaN probe, the first failing row, the bump, whether S0 or r
     overflowed and whether the atom failed so far."""
-    atom, row0, n, k, cross0, hbb0, gb0, ridge_t, unit, cols, col_ok = _atom(
-        meta_ptr, ridge_t_ptr, K)
+    atom, row0, n, k, cross0, hbb0, gb0, ridge_t, unit, cols, tile_cols, col_ok = _atom(
+        meta_ptr, ridge_t_ptr, K, ASM)
     dtype = htt_ptr.dtype.element_ty
     ridge_b = tl.load(ridge_b_ptr + atom)
     ii = cols[:, None]
@@ -229,30 +277,49 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
     S = tl.zeros((K, K), dtype)
     if not SPARE_COLUMN:
         rhs = tl.zeros((R, K), dtype)
-    log_det = tl.zeros((R,), dtype)
+    mantissa = tl.full((R,), 1.0, dtype)  # the rows' pivots as mantissa * 2**exponent
+    exponent = tl.zeros((R,), tl.int32)
     probe = tl.zeros((R,), dtype)
     bad = tl.full((R,), 2**30, tl.int32)
     # (while loops: Triton's interpreter cannot run a for loop to a loaded bound)
     first = 0
     while first < n:
-        loc, ok, _, h, g, B, _, _, piv, u, Y = _chunk(
-            htt_ptr, gt_ptr, htb_ptr, first + lanes, n, row0, cross0, k, cols, unit, ridge_t, D)
+        loc = first + lanes
+        ok, h, g, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
+                                     tile_cols, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
             # a pivot that overflowed to +inf fails too (the reference: L not finite)
             good = good & (piv[p] > 0) & (piv[p] < float("inf"))
-            log_det += tl.where(ok, tl.log(piv[p]), 0.0)
+            m, e = _binary_parts(tl.where(ok, piv[p], 1.0))
+            mantissa *= m
+            exponent += e
             if SPARE_COLUMN:
                 Yu = tl.where((cols == K - 1)[None, :], u[p][:, None], Y[p])
                 S = tl.dot(tl.trans(Yu), Yu, S, input_precision="ieee", out_dtype=dtype)
             else:
                 S = tl.dot(tl.trans(Y[p]), Y[p], S, input_precision="ieee", out_dtype=dtype)
                 rhs += Y[p] * u[p][:, None]
-            probe += g[p] * 0.0 + tl.sum(B[p] * 0.0, axis=1)
+            probe += g[p] * 0.0
         for e in tl.static_range(D * (D + 1) // 2):
             probe += h[e] * 0.0
         bad = tl.minimum(bad, tl.where(ok & ~good, loc, 2**30))
+        # renormalised every chunk, so the product stays in [1, 2**(D+1))
+        m, e = _binary_parts(mantissa)
+        mantissa = m
+        exponent += e
         first += R
+    if tl.min(bad) < 2**30:
+        # A non-finite H_tb entry makes S non-finite (status 3 through the overflow check)
+        # unless a row failed and made S NaN anyway: only then are H_tb's entries probed.
+        first = 0
+        while first < n:
+            loc = first + lanes
+            _, _, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, loc < n, loc, cross0, k,
+                                 cols, tile_cols, D)
+            for p in tl.static_range(D):
+                probe += tl.sum(B[p] * 0.0, axis=1)
+            first += R
 
     S0 = H_bb - S
     probe_sum = tl.sum(probe) + tl.sum(tl.sum(H_bb * 0.0, axis=1)) + tl.sum(g_b * 0.0)
@@ -274,7 +341,8 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
                                                                    1.0), 0.0)
     z = tl.where(col_ok, r, 0.0)
     failed = (probe_sum != 0.0) | (tl.min(bad) < 2**30) | overflow
-    return A, z, tl.sum(log_det), probe_sum, tl.min(bad), bump, overflow, failed
+    log_det = tl.sum(tl.log(mantissa), axis=0) + _LN2 * tl.sum(exponent, axis=0).to(dtype)
+    return A, z, log_det, probe_sum, tl.min(bad), bump, overflow, failed
 
 
 @triton.jit
@@ -335,11 +403,11 @@ def _scalar_schur(A, z, scratch, SCHUR_DIM: tl.constexpr, K: tl.constexpr):
 @triton.jit
 def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr,
             delta_beta, pivots, row_log_det, probe_sum, first_bad, bump, overflow, failed,
-            D: tl.constexpr, K: tl.constexpr, R: tl.constexpr):
+            D: tl.constexpr, K: tl.constexpr, R: tl.constexpr, ASM: tl.constexpr):
     """Step 2's end and step 3 for the atom of ``meta_ptr``: the statistics and the back
     substitution over its rows (read again)."""
-    atom, row0, n, k, cross0, _hbb0, gb0, ridge_t, unit, cols, col_ok = _atom(
-        meta_ptr, ridge_t_ptr, K)
+    atom, row0, n, k, cross0, _hbb0, gb0, ridge_t, _unit, cols, tile_cols, col_ok = _atom(
+        meta_ptr, ridge_t_ptr, K, ASM)
     dtype = htt_ptr.dtype.element_ty
     schur_log_det = tl.sum(tl.where(col_ok, tl.log(pivots), 0.0), axis=0)
     schur_bad = tl.sum(tl.where(col_ok & ~((pivots > 0) & (pivots < float("inf"))), 1, 0),
@@ -361,12 +429,16 @@ def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, sta
     lanes = tl.arange(0, R)
     first = 0
     while first < n:
-        _, ok, row, _, _, _, L, inv, _, u, Y = _chunk(
-            htt_ptr, gt_ptr, htb_ptr, first + lanes, n, row0, cross0, k, cols, unit, ridge_t, D)
-        rhs = ()  # L^T x = u + Y delta_beta
+        loc = first + lanes
+        ok = loc < n
+        row = row0 + loc
+        h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols,
+                             tile_cols, D)
+        L, inv, _ = _cholesky(h, tl.where(ok, ridge_t, 0.0), D)
+        rhs = ()  # (H_tt + ridge_t I) x = g + H_tb delta_beta, without whitening H_tb again
         for p in tl.static_range(D):
-            rhs = rhs + (u[p] + tl.sum(Y[p] * delta_beta[None, :], axis=1),)  # noqa: RUF005
-        x = _backward(L, inv, rhs, D)
+            rhs = rhs + (g[p] + tl.sum(B[p] * delta_beta[None, :], axis=1),)  # noqa: RUF005
+        x = _backward(L, inv, _forward(L, inv, rhs, D), D)
         for p in tl.static_range(D):
             tl.store(dt_ptr + row * D + p, -x[p], mask=ok)
         first += R
@@ -378,13 +450,13 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
                         dt_ptr, db_ptr, stats_ptr, scratch_ptr,
                         D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                         UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr,
-                        SCHUR_DIM: tl.constexpr):
+                        SCHUR_DIM: tl.constexpr, ASM: tl.constexpr):
     # dt_in / db_in / stats_in alias dt / db / stats (launches of other groups wrote their
     # atoms there); a program writes only its atom's entries. scratch: _scalar_schur's.
     meta = meta_ptr + tl.program_id(0) * 8
     A, z, row_log_det, probe, first_bad, bump, overflow, failed = _schur_system(
         meta, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr, gb_ptr,
-        D, K, R, UNIT_ROUNDOFF, SPARE_COLUMN)
+        D, K, R, UNIT_ROUNDOFF, SPARE_COLUMN, ASM)
 
     if SCHUR_DIM > 0:
         scratch = scratch_ptr + tl.program_id(0).to(tl.int64) * (SCHUR_DIM * (SCHUR_DIM + 3) // 2)
@@ -392,7 +464,7 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
     else:
         delta_beta, pivots = _gauss_jordan(A, z, tl.load(meta + 3), K)
     _finish(meta, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr, delta_beta,
-            pivots, row_log_det, probe, first_bad, bump, overflow, failed, D, K, R)
+            pivots, row_log_det, probe, first_bad, bump, overflow, failed, D, K, R, ASM)
 
 
 def launch_config(d: int, K: int) -> tuple[int, int]:
@@ -499,7 +571,7 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
                           interpret=interpret, aliases=aliases, D=d, K=int(K), R=rows,
                           UNIT_ROUNDOFF=unit_roundoff,
                           SPARE_COLUMN=bool(layout.k_dims[atoms].max() < K),
-                          SCHUR_DIM=int(schur_dim))
+                          SCHUR_DIM=int(schur_dim), ASM=not interpret)
         aliases = {8 + i: i for i in range(len(shapes))}
     delta_t, delta_beta, stats = outs
     stats = stats.reshape(b, _STATS)
@@ -532,7 +604,7 @@ def _compile_cases() -> tuple[CompileCase, ...]:
                 f"border[{jnp.dtype(dtype).name},d={d},K={K},schur={schur_dim}]",
                 _border_atom_kernel, (jnp.int32, *[dtype] * 14),
                 dict(D=d, K=K, R=rows, UNIT_ROUNDOFF=float(jnp.finfo(dtype).eps) / 2,
-                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim),
+                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim, ASM=True),
                 warps))
     return tuple(cases)
 
