@@ -183,6 +183,19 @@ class TestBorderTriton(BorderKernelScenarios):
         np.testing.assert_array_equal(fixed.status, 0)
         assert_matches_dense(atoms, fixed, GOLDEN_RIDGE, ridge_beta)
 
+    def test_finite_schur_complement_whose_bump_overflows_is_nonfinite(self):
+        """A positive definite border near the float64 limit (pivots 1.5e308 and 8.3e307,
+        a Gershgorin row sum past it): the reference's bump overflows, so status 3, though
+        the Schur solve itself succeeds; a clean atom beside it."""
+        rng = np.random.default_rng(12)
+        atoms = [random_pd_atom(rng, n, 2, 2) for n in (5, 40)]
+        atoms[0] = (*atoms[0][:3], np.array([[1.5e308, 1e308], [1e308, 1.5e308]]),
+                    atoms[0][4])
+        got, want = self.against_reference(atoms, GOLDEN_RIDGE)
+        np.testing.assert_array_equal(want.status, [3, 0])
+        np.testing.assert_array_equal(got.status, want.status)
+        assert_matches_dense(atoms, got, GOLDEN_RIDGE, GOLDEN_RIDGE, only=[1])
+
     def test_schur_failure_in_a_k32_group_leaves_other_atoms(self):
         """Atom 0's Schur complement is -2 I (status 2, the reference's bump); re-solved
         with the bump on its border ridge it matches the dense oracle."""

@@ -6,13 +6,13 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
 1. **Row pass**: chunks of ``R`` rows; each row's ``d x d`` Cholesky, ``u_i`` and
    ``Y_i = L_i^{-1} H_tb_i`` (``d`` tiles of ``(R, K)``), ``S += Y_p^T Y_p`` as ``d``
    tensor-core dots, the right-hand side, the rows' log-determinant, the first failing row
-   and a NaN probe of the inputs (``H_tb``'s entries only in atoms with a failing row:
-   elsewhere a non-finite one makes ``S`` non-finite, which reports the same status).
+   and, in atoms with a failing row only, a NaN probe of the inputs (elsewhere a
+   non-finite entry makes ``S0`` or ``r`` non-finite, which reports the same status).
    ``K`` is ``k + 1`` padded to 16 or 32, so that ``u_i`` rides in ``Y_i``'s last column
    and the dots give the right-hand side too (``k = 32``: ``K = 32`` and an ``(R, K)``
    accumulator instead).
-2. **Schur solve**: ``S0 = H_bb - sum_i Y_i^T Y_i``, its Gershgorin ridge bump (spec B.5),
-   then ``S = S0 + ridge_beta I`` (identity padding) solved, its pivots (the ``LDL^T``
+2. **Schur solve**: ``S0 = H_bb - sum_i Y_i^T Y_i``, then ``S = S0 + ridge_beta I``
+   (identity padding) solved, its pivots (the ``LDL^T``
    pivots, all ``> 0`` exactly when ``S`` is positive definite, in exact arithmetic) giving
    its log-determinant and status:
 
@@ -24,7 +24,10 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
      (:func:`_gauss_jordan`); a scalar factorisation of 15 would spill.
 
    An ``S`` within rounding of singular can go either way: these factorisations and the
-   reference's round differently, and then their statuses can differ.
+   reference's round differently, and then their statuses can differ. ``S0``'s
+   Gershgorin ridge bump (spec B.5) is computed where the solve failed (status 2 reports
+   it) or where it could overflow (status 3: an entry of ``S0`` or the ridge within
+   ``2**8`` of the largest float).
 3. **Back substitution**: the atom's rows again (from L2: the program read them
    microseconds before), ``delta_t_i = -L_i^{-T} L_i^{-1} (g_i + H_tb_i delta_beta)``
    (``= -L_i^{-T} (u_i + Y_i delta_beta)`` without whitening ``H_tb_i`` again).
@@ -213,13 +216,12 @@ def _binary_parts_of(x, ITYPE: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.const
 def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, tile_cols, ridge_t,
            D: tl.constexpr):
     """Rows ``loc`` (atom-local; those ``>= n`` are padding) loaded and whitened for the
-    row pass: ``ok``, the lower ``H_tt`` entries ``h``, ``g_t``, the pivots, ``u`` and
-    ``Y`` (:func:`_load_rows`, :func:`_whiten`)."""
+    row pass: ``ok``, the pivots, ``u`` and ``Y`` (:func:`_load_rows`, :func:`_whiten`)."""
     ok = loc < n
     h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, ok, loc, cross0, k, cols, tile_cols,
                          D)
     _, _, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
-    return ok, h, g, piv, u, Y
+    return ok, piv, u, Y
 
 
 @triton.jit
@@ -254,11 +256,11 @@ def _atom(meta_ptr, ridge_t_ptr, K: tl.constexpr, ASM: tl.constexpr):
 @triton.jit
 def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr,
                   gb_ptr, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                  UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr, ASM: tl.constexpr):
+                  SPARE_COLUMN: tl.constexpr, ASM: tl.constexpr):
     """Step 1 and the start of step 2 for the atom of ``meta_ptr``: the ridged Schur
-    complement ``A`` (identity padding), the right-hand side ``z``, the rows'
-    log-determinant, the NaN probe, the first failing row, the bump, whether S0 or r
-    overflowed and whether the atom failed so far."""
+    complement ``A`` (identity padding), the right-hand side ``z``, ``S0``, the border
+    ridge, whether ``S0`` or ``r`` has a non-finite entry, the rows' log-determinant, the
+    NaN probe and the first failing row."""
     atom, row0, n, k, cross0, hbb0, gb0, ridge_t, unit, cols, tile_cols, col_ok = _atom(
         meta_ptr, ridge_t_ptr, K, ASM)
     dtype = htt_ptr.dtype.element_ty
@@ -279,13 +281,12 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
         rhs = tl.zeros((R, K), dtype)
     mantissa = tl.full((R,), 1.0, dtype)  # the rows' pivots as mantissa * 2**exponent
     exponent = tl.zeros((R,), tl.int32)
-    probe = tl.zeros((R,), dtype)
     bad = tl.full((R,), 2**30, tl.int32)
     # (while loops: Triton's interpreter cannot run a for loop to a loaded bound)
     first = 0
     while first < n:
         loc = first + lanes
-        ok, h, g, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
+        ok, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
                                      tile_cols, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
@@ -300,49 +301,76 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
             else:
                 S = tl.dot(tl.trans(Y[p]), Y[p], S, input_precision="ieee", out_dtype=dtype)
                 rhs += Y[p] * u[p][:, None]
-            probe += g[p] * 0.0
-        for e in tl.static_range(D * (D + 1) // 2):
-            probe += h[e] * 0.0
         bad = tl.minimum(bad, tl.where(ok & ~good, loc, 2**30))
         # renormalised every chunk, so the product stays in [1, 2**(D+1))
         m, e = _binary_parts(mantissa)
         mantissa = m
         exponent += e
         first += R
-    if tl.min(bad) < 2**30:
-        # A non-finite H_tb entry makes S non-finite (status 3 through the overflow check)
-        # unless a row failed and made S NaN anyway: only then are H_tb's entries probed.
-        first = 0
-        while first < n:
-            loc = first + lanes
-            _, _, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, loc < n, loc, cross0, k,
-                                 cols, tile_cols, D)
-            for p in tl.static_range(D):
-                probe += tl.sum(B[p] * 0.0, axis=1)
-            first += R
-
+    first_bad = tl.min(bad)
     S0 = H_bb - S
-    probe_sum = tl.sum(probe) + tl.sum(tl.sum(H_bb * 0.0, axis=1)) + tl.sum(g_b * 0.0)
     if SPARE_COLUMN:
         r = tl.where(col_ok, tl.sum(tl.where(jj == K - 1, S, 0.0), axis=1), 0.0) - g_b
     else:
         r = tl.sum(rhs, axis=0) - g_b
-    absS = tl.where(border_ok, tl.abs(S0), 0.0)
-    diag = tl.sum(tl.where(ii == jj, S0, 0.0), axis=1)
-    off = tl.sum(absS, axis=1) - tl.abs(diag)
-    gap = tl.min(tl.where(col_ok, diag - off, float("inf")))
-    scale = tl.maximum(tl.max(tl.where(col_ok, tl.abs(diag), 0.0)), 1.0)
-    radius = tl.max(tl.where(col_ok, tl.abs(diag) + off, 0.0))
-    bump = _gershgorin_bump(gap, scale, radius, ridge_b, k.to(dtype), UNIT_ROUNDOFF)
     # NaN entries: Triton's min / max may drop a NaN, a sum keeps it.
     nonfinite = tl.sum(tl.sum(tl.where(border_ok, S0, 0.0) * 0.0, axis=1)) + tl.sum(r * 0.0)
-    overflow = (nonfinite != 0.0) | (tl.abs(bump) == float("inf")) | (bump != bump)
+    probe = tl.zeros((R,), dtype)
+    if first_bad < 2**30:
+        # A non-finite input entry makes S0 or r non-finite (status 3 through the overflow
+        # check), unless a row failed and made them NaN anyway: only then are the inputs
+        # probed, for status 3 wins over status 1.
+        probe = _input_probe(htt_ptr, gt_ptr, htb_ptr, n, row0, cross0, k, cols, tile_cols,
+                             D, R) + tl.sum(tl.sum(H_bb * 0.0, axis=1)) + tl.sum(g_b * 0.0)
     A = tl.where(border_ok, S0, 0.0) + tl.where(ii == jj, tl.where(col_ok[:, None], ridge_b,
                                                                    1.0), 0.0)
     z = tl.where(col_ok, r, 0.0)
-    failed = (probe_sum != 0.0) | (tl.min(bad) < 2**30) | overflow
     log_det = tl.sum(tl.log(mantissa), axis=0) + _LN2 * tl.sum(exponent, axis=0).to(dtype)
-    return A, z, log_det, probe_sum, tl.min(bad), bump, overflow, failed
+    return A, z, S0, ridge_b, nonfinite != 0.0, log_det, tl.sum(probe, axis=0), first_bad
+
+
+@triton.jit
+def _input_probe(htt_ptr, gt_ptr, htb_ptr, n, row0, cross0, k, cols, tile_cols,
+                 D: tl.constexpr, R: tl.constexpr):
+    """``0 * x`` summed per lane over the atom's ``H_tt`` (lower), ``g_t`` and ``H_tb``
+    entries: NaN where one of them is not finite."""
+    probe = tl.zeros((R,), htt_ptr.dtype.element_ty)
+    lanes = tl.arange(0, R)
+    first = 0
+    while first < n:
+        loc = first + lanes
+        h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, loc < n, loc, cross0, k,
+                             cols, tile_cols, D)
+        for e in tl.static_range(D * (D + 1) // 2):
+            probe += h[e] * 0.0
+        for p in tl.static_range(D):
+            probe += g[p] * 0.0 + tl.sum(B[p] * 0.0, axis=1)
+        first += R
+    return probe
+
+
+@triton.jit
+def _schur_bump(S0, ridge, schur_bad, k, K: tl.constexpr, UNIT_ROUNDOFF: tl.constexpr,
+                BUMP_SAFE: tl.constexpr):
+    """The Gershgorin bump of ``S0`` (spec B.5) where it matters: where the Schur solve
+    failed (status 2 reports it) or where it could overflow (status 3), i.e. where an entry
+    of ``S0`` or the ridge reaches ``BUMP_SAFE``; 0 elsewhere, where it is finite and not
+    reported."""
+    cols = tl.arange(0, K)
+    ii = cols[:, None]
+    jj = cols[None, :]
+    col_ok = cols < k
+    absS = tl.where(col_ok[:, None] & col_ok[None, :], tl.abs(S0), 0.0)
+    largest = tl.max(tl.max(absS, axis=1), axis=0)
+    bump = tl.sum(tl.zeros((K,), S0.dtype), axis=0)
+    if schur_bad | (largest >= BUMP_SAFE) | (tl.abs(ridge) >= BUMP_SAFE):
+        diag = tl.sum(tl.where(ii == jj, S0, 0.0), axis=1)
+        off = tl.sum(absS, axis=1) - tl.abs(diag)
+        gap = tl.min(tl.where(col_ok, diag - off, float("inf")))
+        scale = tl.maximum(tl.max(tl.where(col_ok, tl.abs(diag), 0.0)), 1.0)
+        radius = tl.max(tl.where(col_ok, tl.abs(diag) + off, 0.0))
+        bump = _gershgorin_bump(gap, scale, radius, ridge, k.to(S0.dtype), UNIT_ROUNDOFF)
+    return bump
 
 
 @triton.jit
@@ -402,17 +430,14 @@ def _scalar_schur(A, z, scratch, SCHUR_DIM: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr,
-            delta_beta, pivots, row_log_det, probe_sum, first_bad, bump, overflow, failed,
-            D: tl.constexpr, K: tl.constexpr, R: tl.constexpr, ASM: tl.constexpr):
+            delta_beta, pivots, row_log_det, probe_sum, first_bad, bump, overflow, schur_bad,
+            failed, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr, ASM: tl.constexpr):
     """Step 2's end and step 3 for the atom of ``meta_ptr``: the statistics and the back
     substitution over its rows (read again)."""
     atom, row0, n, k, cross0, _hbb0, gb0, ridge_t, _unit, cols, tile_cols, col_ok = _atom(
         meta_ptr, ridge_t_ptr, K, ASM)
     dtype = htt_ptr.dtype.element_ty
     schur_log_det = tl.sum(tl.where(col_ok, tl.log(pivots), 0.0), axis=0)
-    schur_bad = tl.sum(tl.where(col_ok & ~((pivots > 0) & (pivots < float("inf"))), 1, 0),
-                       axis=0) > 0
-    failed = failed | schur_bad
     delta_beta = tl.where(failed, float("nan"), delta_beta)
     tl.store(db_ptr + gb0 + cols, delta_beta, mask=col_ok)
     stats = stats_ptr + atom * 6
@@ -450,21 +475,28 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
                         dt_ptr, db_ptr, stats_ptr, scratch_ptr,
                         D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                         UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr,
-                        SCHUR_DIM: tl.constexpr, ASM: tl.constexpr):
+                        SCHUR_DIM: tl.constexpr, ASM: tl.constexpr, BUMP_SAFE: tl.constexpr):
     # dt_in / db_in / stats_in alias dt / db / stats (launches of other groups wrote their
     # atoms there); a program writes only its atom's entries. scratch: _scalar_schur's.
     meta = meta_ptr + tl.program_id(0) * 8
-    A, z, row_log_det, probe, first_bad, bump, overflow, failed = _schur_system(
+    A, z, S0, ridge_b, nonfinite, row_log_det, probe, first_bad = _schur_system(
         meta, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr, gb_ptr,
-        D, K, R, UNIT_ROUNDOFF, SPARE_COLUMN, ASM)
-
+        D, K, R, SPARE_COLUMN, ASM)
+    k = tl.load(meta + 3)
     if SCHUR_DIM > 0:
         scratch = scratch_ptr + tl.program_id(0).to(tl.int64) * (SCHUR_DIM * (SCHUR_DIM + 3) // 2)
         delta_beta, pivots = _scalar_schur(A, z, scratch, SCHUR_DIM, K)
     else:
-        delta_beta, pivots = _gauss_jordan(A, z, tl.load(meta + 3), K)
+        delta_beta, pivots = _gauss_jordan(A, z, k, K)
+    cols = tl.arange(0, K)
+    schur_bad = tl.sum(tl.where((cols < k) & ~((pivots > 0) & (pivots < float("inf"))), 1, 0),
+                       axis=0) > 0
+    bump = _schur_bump(S0, ridge_b, schur_bad, k, K, UNIT_ROUNDOFF, BUMP_SAFE)
+    overflow = nonfinite | (tl.abs(bump) == float("inf")) | (bump != bump)
+    failed = (probe != 0.0) | (first_bad < 2**30) | overflow | schur_bad
     _finish(meta, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr, delta_beta,
-            pivots, row_log_det, probe, first_bad, bump, overflow, failed, D, K, R, ASM)
+            pivots, row_log_det, probe, first_bad, bump, overflow, schur_bad, failed, D, K, R,
+            ASM)
 
 
 def launch_config(d: int, K: int) -> tuple[int, int]:
@@ -478,6 +510,12 @@ def _padded_borders(layout: BorderLayout) -> np.ndarray:
     """``K`` of each atom: ``k`` plus the spare column, padded to 16 or 32 (``k = 32``: 32)."""
     return np.array([max(_MIN_K, min(32, next_pow2(k + 1))) for k in layout.k_dims],
                     dtype=np.int64)
+
+
+def _bump_safe(dtype) -> float:
+    """Entries of ``S0`` and a border ridge below this give a finite Gershgorin bump: it is
+    at most a few times ``k (max |S0_ij|) + |ridge|`` with ``k <= 32``."""
+    return float(jnp.finfo(dtype).max) / 2**8
 
 
 def _schur_dims(layout: BorderLayout) -> np.ndarray:
@@ -571,7 +609,8 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
                           interpret=interpret, aliases=aliases, D=d, K=int(K), R=rows,
                           UNIT_ROUNDOFF=unit_roundoff,
                           SPARE_COLUMN=bool(layout.k_dims[atoms].max() < K),
-                          SCHUR_DIM=int(schur_dim), ASM=not interpret)
+                          SCHUR_DIM=int(schur_dim), ASM=not interpret,
+                          BUMP_SAFE=_bump_safe(dtype))
         aliases = {8 + i: i for i in range(len(shapes))}
     delta_t, delta_beta, stats = outs
     stats = stats.reshape(b, _STATS)
@@ -604,7 +643,8 @@ def _compile_cases() -> tuple[CompileCase, ...]:
                 f"border[{jnp.dtype(dtype).name},d={d},K={K},schur={schur_dim}]",
                 _border_atom_kernel, (jnp.int32, *[dtype] * 14),
                 dict(D=d, K=K, R=rows, UNIT_ROUNDOFF=float(jnp.finfo(dtype).eps) / 2,
-                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim, ASM=True),
+                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim, ASM=True,
+                     BUMP_SAFE=_bump_safe(dtype)),
                 warps))
     return tuple(cases)
 
