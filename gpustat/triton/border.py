@@ -203,6 +203,7 @@ def _binary_parts(x):
 
 @triton.jit
 def _binary_parts_of(x, ITYPE: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """:func:`_binary_parts` for a float of ``MBITS`` fraction bits and exponent ``BIAS``."""
     bits = x.to(ITYPE, bitcast=True)
     fraction = bits & ((1 << MBITS) - 1)
     subnormal = (bits >> MBITS) == 0  # x = fraction * 2**(1 - BIAS - MBITS)
@@ -218,8 +219,8 @@ def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, tile_cols, r
     """Rows ``loc`` (atom-local; those ``>= n`` are padding) loaded and whitened for the
     row pass: ``ok``, the pivots, ``u`` and ``Y`` (:func:`_load_rows`, :func:`_whiten`)."""
     ok = loc < n
-    h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, ok, loc, cross0, k, cols, tile_cols,
-                         D)
+    h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row0 + loc, ok, loc, cross0, k, cols,
+                         tile_cols, D)
     _, _, piv, u, Y = _whiten(h, g, B, tl.where(ok, ridge_t, 0.0), D)
     return ok, piv, u, Y
 
@@ -287,7 +288,7 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
     while first < n:
         loc = first + lanes
         ok, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
-                                     tile_cols, ridge_t, D)
+                               tile_cols, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
             # a pivot that overflowed to +inf fails too (the reference: L not finite)
