@@ -316,18 +316,19 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
         r = tl.sum(rhs, axis=0) - g_b
     # NaN entries: Triton's min / max may drop a NaN, a sum keeps it.
     nonfinite = tl.sum(tl.sum(tl.where(border_ok, S0, 0.0) * 0.0, axis=1)) + tl.sum(r * 0.0)
-    probe = tl.zeros((R,), dtype)
+    probe = tl.full([], 0.0, dtype)
     if first_bad < 2**30:
         # A non-finite input entry makes S0 or r non-finite (status 3 through the overflow
         # check), unless a row failed and made them NaN anyway: only then are the inputs
         # probed, for status 3 wins over status 1.
-        probe = _input_probe(htt_ptr, gt_ptr, htb_ptr, n, row0, cross0, k, cols, tile_cols,
-                             D, R) + tl.sum(tl.sum(H_bb * 0.0, axis=1)) + tl.sum(g_b * 0.0)
+        probe = (tl.sum(_input_probe(htt_ptr, gt_ptr, htb_ptr, n, row0, cross0, k, cols,
+                                     tile_cols, D, R), axis=0)
+                 + tl.sum(tl.sum(H_bb * 0.0, axis=1)) + tl.sum(g_b * 0.0))
     A = tl.where(border_ok, S0, 0.0) + tl.where(ii == jj, tl.where(col_ok[:, None], ridge_b,
                                                                    1.0), 0.0)
     z = tl.where(col_ok, r, 0.0)
     log_det = tl.sum(tl.log(mantissa), axis=0) + _LN2 * tl.sum(exponent, axis=0).to(dtype)
-    return A, z, S0, ridge_b, nonfinite != 0.0, log_det, tl.sum(probe, axis=0), first_bad
+    return A, z, S0, ridge_b, nonfinite != 0.0, log_det, probe, first_bad
 
 
 @triton.jit
@@ -363,7 +364,7 @@ def _schur_bump(S0, ridge, schur_bad, k, K: tl.constexpr, UNIT_ROUNDOFF: tl.cons
     col_ok = cols < k
     absS = tl.where(col_ok[:, None] & col_ok[None, :], tl.abs(S0), 0.0)
     largest = tl.max(tl.max(absS, axis=1), axis=0)
-    bump = tl.sum(tl.zeros((K,), S0.dtype), axis=0)
+    bump = tl.full([], 0.0, S0.dtype)
     if schur_bad | (largest >= BUMP_SAFE) | (tl.abs(ridge) >= BUMP_SAFE):
         diag = tl.sum(tl.where(ii == jj, S0, 0.0), axis=1)
         off = tl.sum(absS, axis=1) - tl.abs(diag)
