@@ -166,10 +166,10 @@ class TestBorderTriton(BorderKernelScenarios):
         assert_matches_dense(atoms, got, 0.0, 0.0, only=[8])
 
     def test_scalar_schur_groups_and_gauss_jordan_side_by_side(self):
-        """Borders at both ends of every scalar Schur size (k = 1, 4 | 5, 8 | 9, 12) and
-        past them (k = 13, 15: Gauss-Jordan), one atom of the size-8 group whose border's
-        only negative pivot is its last (status 2 and the reference's bump, the others in
-        its launch unaffected); the bump makes the retry succeed."""
+        """Launch groups of one k from 1 to 12 (compile-time k: k = 1, 4, 5, 6, 8, 9, 12)
+        beside wider borders (k = 13, 15: runtime k, Gauss-Jordan), one atom (k = 6) whose
+        border's only negative pivot is its last (status 2 and the reference's bump, the
+        others unaffected); the bump makes the retry succeed."""
         rng = np.random.default_rng(11)
         sizes = [(30, 1), (5, 4), (64, 5), (1, 8), (40, 6), (33, 9), (70, 12), (9, 13), (2, 15)]
         atoms = [random_pd_atom(rng, n, 2, k) for n, k in sizes]

@@ -19,7 +19,7 @@ A program runs the whole solve of its atom (spec B.3, same conventions as
    * ``k <= 12``: a Cholesky factorisation in scalars (:func:`_scalar_schur`). The tile's
      lower triangle goes through a per-program scratch buffer and comes back as scalars in
      every lane, so the factorisation has no cross-lane step. Atoms are launched in
-     groups of size 4, 8 and 12, each unrolled.
+     groups of one ``k``, each unrolled for its ``k``.
    * wider borders: Gauss-Jordan elimination of the tile without pivoting, ``k`` steps
      (:func:`_gauss_jordan`); a scalar factorisation of 15 would spill.
 
@@ -37,7 +37,18 @@ right-hand side overflowing) gets NaN ``delta_beta``, so its rows come out NaN; 
 wrapper turns the per-atom statistics into ``status``, ``row`` and ``bump`` with the rules
 of :mod:`gpustat.reference.border`.
 
-Layout: the ``H_tb`` tiles' column offsets pass through a PTX move (:func:`_opaque`),
+Loads. The kernel is bound by its L1 traffic (an Nsight Compute profile of the ``k = 12``
+launch: the L1 data pipe 75 % busy, most of it the rows' uncoalesced loads, lane ``i``
+reading row ``i``). In a launch of one ``k <= 12`` on one warp (``FIXED_K``,
+:func:`_chunk_fixed_k`), each row's ``H_tb`` block of ``d k`` contiguous entries loads as a
+tuple of vectors, 16 bytes a lane for even ``d`` (every block then starts at an even
+offset), and whitens column by column; the ``Y`` tiles for the dots are assembled in
+registers (:func:`_stack16`). ``H_tt``, ``g_t`` and ``delta_t`` move in pairs too for even
+``d`` (:func:`_row_entries`). On the benchmark batch this took the solve from 1.200 to
+1.036 ms on an H100.
+
+Layout of the runtime-``k`` path: the ``H_tb`` tiles' column offsets pass through a PTX
+move (:func:`_opaque`),
 which hides their contiguity from Triton's coalescing pass, so it lays a tile out one row
 per thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. The rows'
 scalar work (``d`` square roots and the whitening factors) then runs once per row instead
@@ -76,10 +87,11 @@ __all__ = ["COMPILE_CASES", "MAX_TRITON_D", "launch_config", "solve_border_trito
 MAX_TRITON_D = 8
 _MIN_K = 16  # the Gram dots need M, N >= 16
 _ROWS = 32  # rows per chunk: one per thread of a warp
-# Scalar Schur solve sizes: an atom of k <= 12 gets the smallest that holds its k (identity
-# padding past k); the factorisation is unrolled for each. Wider borders keep Gauss-Jordan
-# on the tile (a scalar factorisation of 15 spills: 760 bytes in an offline sm_90 compile).
-_SCHUR_DIMS = (4, 8, 12)
+# Atoms of k <= 12 launch in groups of one k, a compile-time constant there: their rows'
+# H_tb blocks load as vectors (in pairs for even d) and S is factorised in scalars, both
+# unrolled for that k. Wider borders keep runtime k, H_tb tiles and Gauss-Jordan on the tile
+# (a scalar factorisation of 15 spills: 760 bytes in an offline sm_90 compile).
+_MAX_SCALAR_K = 12
 _NO_ROW = 2**30  # "no failing row" sentinel, larger than any atom-local row index
 _LN2 = tl.constexpr(float(np.log(2.0)))
 _META = 8  # atom, first row, rows, border width, H_tb / H_bb / g_b offsets, a spare
@@ -103,24 +115,82 @@ def _opaque(x):
 
 
 @triton.jit
-def _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, tile_cols,
-               D: tl.constexpr):
-    """The chunk's lower ``H_tt`` entries and ``g_t`` as ``(R,)`` vectors, ``H_tb`` as
-    ``D`` tiles of ``(R, K)``; rows past the atom read as identity blocks."""
+def _row_entries(ptr, start, ok, W: tl.constexpr, DIAG: tl.constexpr, PAIRS: tl.constexpr):
+    """``ptr[start + j]``, ``j < W``, of each row (``start``: ``(R,)``) as a tuple of ``(R,)``
+    vectors; masked rows read 0, or 1 at ``j = DIAG``. ``PAIRS`` (``W`` and every ``start``
+    even): in pairs, 16 bytes a lane. The ``(R, 2)`` tiles keep one row a thread and halve
+    the load instructions, and with them the L1 wavefronts of the uncoalesced rows, which
+    bound the kernel."""
+    out = ()
+    if PAIRS:
+        two = tl.arange(0, 2)
+        for j in tl.static_range(0, W, 2):
+            pair = tl.load(ptr + start[:, None] + (j + two)[None, :], mask=ok[:, None],
+                           other=tl.where((j + two) == DIAG, 1.0, 0.0)[None, :])
+            a, b = tl.split(pair)
+            out = out + (a, b)  # noqa: RUF005
+    else:
+        for j in tl.static_range(W):
+            out = out + (tl.load(ptr + start + j, mask=ok,  # noqa: RUF005
+                                 other=1.0 if j == DIAG else 0.0),)
+    return out
+
+
+@triton.jit
+def _row_tt(htt_ptr, gt_ptr, row, ok, D: tl.constexpr):
+    """The rows' lower ``H_tt`` entries (a flat tuple) and ``g_t`` as ``(R,)`` vectors; rows
+    past the atom read as identity blocks. Even ``D``: in pairs (:func:`_row_entries`; the
+    upper entry of an odd-sized pair is read and dropped)."""
+    PAIRS: tl.constexpr = D % 2 == 0
     h = ()
     for p in tl.static_range(D):
+        entries = _row_entries(htt_ptr, row * (D * D) + p * D, ok, p + 1 + (p + 1) % 2 * PAIRS,
+                               p, PAIRS)
         for q in tl.static_range(p + 1):
-            h = h + (tl.load(htt_ptr + row * (D * D) + p * D + q, mask=ok,  # noqa: RUF005
-                             other=1.0 if p == q else 0.0),)
-    g = ()
+            h = h + (entries[q],)  # noqa: RUF005
+    return h, _row_entries(gt_ptr, row * D, ok, D, -1, PAIRS)
+
+
+@triton.jit
+def _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols, tile_cols,
+               D: tl.constexpr):
+    """:func:`_row_tt` and ``H_tb`` as ``D`` tiles of ``(R, K)`` (runtime ``k``)."""
+    h, g = _row_tt(htt_ptr, gt_ptr, row, ok, D)
     tile_ok = ok[:, None] & (cols < k)[None, :]
     B = ()
     for p in tl.static_range(D):
-        g = g + (tl.load(gt_ptr + row * D + p, mask=ok, other=0.0),)  # noqa: RUF005
         row_ptr = htb_ptr + (cross0 + (loc * D + p) * k)
         B = B + (tl.load(row_ptr[:, None] + tile_cols[None, :], mask=tile_ok,  # noqa: RUF005
                          other=0.0),)
     return h, g, B
+
+
+@triton.jit
+def _row_block(htb_ptr, loc, ok, cross0, D: tl.constexpr, KA: tl.constexpr):
+    """The rows' ``H_tb`` blocks for a compile-time border width ``KA``: each row's
+    ``D * KA`` contiguous entries as a flat tuple of ``(R,)`` vectors (entry ``(p, c)`` at
+    ``p * KA + c``), in pairs for even ``D`` (then every block starts at an even offset)."""
+    PAIRS: tl.constexpr = D % 2 == 0
+    if PAIRS:  # (tells Triton's alignment analysis that cross0 is even: it is, for even D)
+        cross0 = cross0 // 2 * 2
+    return _row_entries(htb_ptr, cross0 + loc * (D * KA), ok, D * KA, -1, PAIRS)
+
+
+@triton.jit
+def _stack16(v):
+    """The ``(R, 16)`` tile whose column ``j`` is the ``(R,)`` vector ``v[j]``: four levels of
+    ``tl.join`` (each adds a minor in-thread axis), fed in bit-reversed order so that the
+    row-major reshape puts ``v[j]`` in column ``j``."""
+    level = ()
+    for j in tl.static_range(0, 16, 2):  # bitrev(j) and bitrev(j + 1) = bitrev(j) + 8
+        level = level + (tl.join(v[((j & 2) << 1) | ((j & 4) >> 1) | ((j & 8) >> 3)],  # noqa: RUF005
+                                 v[((j & 2) << 1) | ((j & 4) >> 1) | ((j & 8) >> 3) | 8]),)
+    for step in tl.static_range(3):
+        up = ()
+        for j in tl.static_range(0, 8 >> step, 2):
+            up = up + (tl.join(level[j], level[j + 1]),)  # noqa: RUF005
+        level = up
+    return tl.reshape(level[0], (v[0].shape[0], 16))
 
 
 @triton.jit
@@ -226,6 +296,33 @@ def _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols, tile_cols, r
 
 
 @triton.jit
+def _chunk_fixed_k(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, ridge_t, D: tl.constexpr,
+                   KA: tl.constexpr):
+    """:func:`_chunk` for a compile-time border width ``KA`` (``< 16``): the rows' blocks as
+    vectors (:func:`_row_block`), whitened column by column, and ``Y`` as ``D`` tiles of
+    ``(R, 16)`` with ``u`` already in the spare column 15."""
+    ok = loc < n
+    h, g = _row_tt(htt_ptr, gt_ptr, row0 + loc, ok, D)
+    b = _row_block(htb_ptr, loc, ok, cross0, D, KA)
+    L, inv, piv = _cholesky(h, tl.where(ok, ridge_t, 0.0), D)
+    u = _forward(L, inv, g, D)
+    columns = ()  # columns[c][p] = Y_p[:, c]
+    for c in tl.static_range(KA):
+        col = ()
+        for p in tl.static_range(D):
+            col = col + (b[p * KA + c],)  # noqa: RUF005
+        columns = columns + (_forward(L, inv, col, D),)  # noqa: RUF005
+    zero = tl.zeros(u[0].shape, u[0].dtype)
+    Y = ()
+    for p in tl.static_range(D):
+        v = ()
+        for c in tl.static_range(15):
+            v = v + (columns[c][p] if c < KA else zero,)  # noqa: RUF005
+        Y = Y + (_stack16(v + (u[p],)),)  # noqa: RUF005
+    return ok, piv, u, Y
+
+
+@triton.jit
 def _gershgorin_bump(gap, scale, radius, ridge, dim, unit_roundoff):
     """:func:`gpustat.reference.border.gershgorin_ridge_bump` on scalars."""
     gamma_2 = 2 * unit_roundoff / (1.0 - 2 * unit_roundoff)
@@ -257,7 +354,8 @@ def _atom(meta_ptr, ridge_t_ptr, K: tl.constexpr, ASM: tl.constexpr):
 @triton.jit
 def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr,
                   gb_ptr, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                  SPARE_COLUMN: tl.constexpr, ASM: tl.constexpr):
+                  SPARE_COLUMN: tl.constexpr, ASM: tl.constexpr, SCHUR_DIM: tl.constexpr,
+                  FIXED_K: tl.constexpr):
     """Step 1 and the start of step 2 for the atom of ``meta_ptr``: the ridged Schur
     complement ``A`` (identity padding), the right-hand side ``z``, ``S0``, the border
     ridge, whether ``S0`` or ``r`` has a non-finite entry, the rows' log-determinant, the
@@ -287,8 +385,12 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
     first = 0
     while first < n:
         loc = first + lanes
-        ok, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
-                               tile_cols, ridge_t, D)
+        if FIXED_K:
+            ok, piv, u, Y = _chunk_fixed_k(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0,
+                                           ridge_t, D, SCHUR_DIM)
+        else:
+            ok, piv, u, Y = _chunk(htt_ptr, gt_ptr, htb_ptr, loc, n, row0, cross0, k, cols,
+                                   tile_cols, ridge_t, D)
         good = ok
         for p in tl.static_range(D):
             # a pivot that overflowed to +inf fails too (the reference: L not finite)
@@ -296,7 +398,9 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
             m, e = _binary_parts(tl.where(ok, piv[p], 1.0))
             mantissa *= m
             exponent += e
-            if SPARE_COLUMN:
+            if FIXED_K:  # u is in the spare column already
+                S = tl.dot(tl.trans(Y[p]), Y[p], S, input_precision="ieee", out_dtype=dtype)
+            elif SPARE_COLUMN:
                 Yu = tl.where((cols == K - 1)[None, :], u[p][:, None], Y[p])
                 S = tl.dot(tl.trans(Yu), Yu, S, input_precision="ieee", out_dtype=dtype)
             else:
@@ -427,20 +531,25 @@ def _scalar_schur(A, z, scratch, SCHUR_DIM: tl.constexpr, K: tl.constexpr):
     for p in tl.static_range(SCHUR_DIM):
         delta_beta = tl.where(cols == p, x[p], delta_beta)
         pivots = tl.where(cols == p, piv[p], pivots)
-    return delta_beta, pivots
+    return delta_beta, pivots, x
 
 
 @triton.jit
 def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr,
-            delta_beta, pivots, row_log_det, probe_sum, first_bad, bump, overflow, schur_bad,
-            failed, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr, ASM: tl.constexpr):
+            delta_beta, pivots, x_beta, row_log_det, probe_sum, first_bad, bump, overflow,
+            schur_bad, failed, D: tl.constexpr, K: tl.constexpr, R: tl.constexpr, ASM: tl.constexpr,
+            SCHUR_DIM: tl.constexpr, FIXED_K: tl.constexpr):
     """Step 2's end and step 3 for the atom of ``meta_ptr``: the statistics and the back
-    substitution over its rows (read again)."""
+    substitution over its rows (read again). ``x_beta``: ``delta_beta`` as scalars
+    (:func:`_scalar_schur`), which ``FIXED_K`` reads."""
     atom, row0, n, k, cross0, _hbb0, gb0, ridge_t, _unit, cols, tile_cols, col_ok = _atom(
         meta_ptr, ridge_t_ptr, K, ASM)
     dtype = htt_ptr.dtype.element_ty
     schur_log_det = tl.sum(tl.where(col_ok, tl.log(pivots), 0.0), axis=0)
     delta_beta = tl.where(failed, float("nan"), delta_beta)
+    failed_beta = ()  # x_beta the same way: a failed atom's rows come out NaN
+    for c in tl.static_range(SCHUR_DIM):
+        failed_beta = failed_beta + (tl.where(failed, float("nan"), x_beta[c]),)  # noqa: RUF005
     tl.store(db_ptr + gb0 + cols, delta_beta, mask=col_ok)
     stats = stats_ptr + atom * 6
     tl.store(stats, tl.where(failed, float("nan"), row_log_det + schur_log_det))
@@ -459,16 +568,38 @@ def _finish(meta_ptr, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, sta
         loc = first + lanes
         ok = loc < n
         row = row0 + loc
-        h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols,
-                             tile_cols, D)
-        L, inv, _ = _cholesky(h, tl.where(ok, ridge_t, 0.0), D)
         rhs = ()  # (H_tt + ridge_t I) x = g + H_tb delta_beta, without whitening H_tb again
-        for p in tl.static_range(D):
-            rhs = rhs + (g[p] + tl.sum(B[p] * delta_beta[None, :], axis=1),)  # noqa: RUF005
+        if FIXED_K:
+            h, g = _row_tt(htt_ptr, gt_ptr, row, ok, D)
+            b = _row_block(htb_ptr, loc, ok, cross0, D, SCHUR_DIM)
+            for p in tl.static_range(D):
+                v = g[p]
+                for c in tl.static_range(SCHUR_DIM):
+                    v += b[p * SCHUR_DIM + c] * failed_beta[c]
+                rhs = rhs + (v,)  # noqa: RUF005
+        else:
+            h, g, B = _load_rows(htt_ptr, gt_ptr, htb_ptr, row, ok, loc, cross0, k, cols,
+                                 tile_cols, D)
+            for p in tl.static_range(D):
+                rhs = rhs + (g[p] + tl.sum(B[p] * delta_beta[None, :], axis=1),)  # noqa: RUF005
+        L, inv, _ = _cholesky(h, tl.where(ok, ridge_t, 0.0), D)
         x = _backward(L, inv, _forward(L, inv, rhs, D), D)
-        for p in tl.static_range(D):
-            tl.store(dt_ptr + row * D + p, -x[p], mask=ok)
+        _store_rows(dt_ptr, row * D, ok, x, D)
         first += R
+
+
+@triton.jit
+def _store_rows(ptr, start, ok, x, D: tl.constexpr):
+    """``ptr[start + p] = -x[p]`` for each row; in pairs for even ``D`` (as
+    :func:`_row_entries`)."""
+    if D % 2 == 0:
+        two = tl.arange(0, 2)
+        for p in tl.static_range(0, D, 2):
+            tl.store(ptr + start[:, None] + (p + two)[None, :], -tl.join(x[p], x[p + 1]),
+                     mask=ok[:, None])
+    else:
+        for p in tl.static_range(D):
+            tl.store(ptr + start + p, -x[p], mask=ok)
 
 
 @triton.jit
@@ -477,19 +608,21 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
                         dt_ptr, db_ptr, stats_ptr, scratch_ptr,
                         D: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                         UNIT_ROUNDOFF: tl.constexpr, SPARE_COLUMN: tl.constexpr,
-                        SCHUR_DIM: tl.constexpr, ASM: tl.constexpr, BUMP_SAFE: tl.constexpr):
+                        SCHUR_DIM: tl.constexpr, FIXED_K: tl.constexpr, ASM: tl.constexpr,
+                        BUMP_SAFE: tl.constexpr):
     # dt_in / db_in / stats_in alias dt / db / stats (launches of other groups wrote their
     # atoms there); a program writes only its atom's entries. scratch: _scalar_schur's.
     meta = meta_ptr + tl.program_id(0) * 8
     A, z, S0, ridge_b, nonfinite, row_log_det, probe, first_bad = _schur_system(
         meta, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, hbb_ptr, gb_ptr,
-        D, K, R, SPARE_COLUMN, ASM)
+        D, K, R, SPARE_COLUMN, ASM, SCHUR_DIM, FIXED_K)
     k = tl.load(meta + 3)
     if SCHUR_DIM > 0:
         scratch = scratch_ptr + tl.program_id(0).to(tl.int64) * (SCHUR_DIM * (SCHUR_DIM + 3) // 2)
-        delta_beta, pivots = _scalar_schur(A, z, scratch, SCHUR_DIM, K)
+        delta_beta, pivots, x = _scalar_schur(A, z, scratch, SCHUR_DIM, K)
     else:
         delta_beta, pivots = _gauss_jordan(A, z, k, K)
+        x = ()  # (the back substitution reads delta_beta)
     cols = tl.arange(0, K)
     schur_bad = tl.sum(tl.where((cols < k) & ~((pivots > 0) & (pivots < float("inf"))), 1, 0),
                        axis=0) > 0
@@ -497,8 +630,8 @@ def _border_atom_kernel(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt
     overflow = nonfinite | (tl.abs(bump) == float("inf")) | (bump != bump)
     failed = (probe != 0.0) | (first_bad < 2**30) | overflow | schur_bad
     _finish(meta, ridge_t_ptr, htt_ptr, htb_ptr, gt_ptr, dt_ptr, db_ptr, stats_ptr, delta_beta,
-            pivots, row_log_det, probe, first_bad, bump, overflow, schur_bad, failed, D, K, R,
-            ASM)
+            pivots, x, row_log_det, probe, first_bad, bump, overflow, schur_bad, failed, D, K,
+            R, ASM, SCHUR_DIM, FIXED_K)
 
 
 def launch_config(d: int, K: int) -> tuple[int, int]:
@@ -521,11 +654,15 @@ def _bump_safe(dtype) -> float:
 
 
 def _schur_dims(layout: BorderLayout) -> np.ndarray:
-    """Size of each atom's scalar Schur solve (:func:`_scalar_schur`): the smallest of
-    ``_SCHUR_DIMS`` that holds ``k``; 0 (Gauss-Jordan on the tile) past the largest."""
-    dims = np.asarray(_SCHUR_DIMS)
-    fits = dims[None, :] >= layout.k_dims[:, None]
-    return np.where(fits.any(axis=1), dims[np.argmax(fits, axis=1)], 0)
+    """Each atom's launch group: its ``k`` (a scalar Schur solve of that size), or 0 past
+    ``_MAX_SCALAR_K`` (Gauss-Jordan on the tile)."""
+    return np.where(layout.k_dims <= _MAX_SCALAR_K, layout.k_dims, 0)
+
+
+def _fixed_k(schur_dim: int, warps: int) -> bool:
+    """Whether a launch group of one ``k`` (``schur_dim > 0``) reads its rows' ``H_tb`` as
+    vectors (:func:`_chunk_fixed_k`): where a program is one warp, one row a thread."""
+    return bool(schur_dim > 0 and warps == 1)
 
 
 def _meta(layout: BorderLayout, atoms: np.ndarray) -> np.ndarray:
@@ -611,8 +748,8 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
                           interpret=interpret, aliases=aliases, D=d, K=int(K), R=rows,
                           UNIT_ROUNDOFF=unit_roundoff,
                           SPARE_COLUMN=bool(layout.k_dims[atoms].max() < K),
-                          SCHUR_DIM=int(schur_dim), ASM=not interpret,
-                          BUMP_SAFE=_bump_safe(dtype))
+                          SCHUR_DIM=int(schur_dim), FIXED_K=_fixed_k(schur_dim, warps),
+                          ASM=not interpret, BUMP_SAFE=_bump_safe(dtype))
         aliases = {8 + i: i for i in range(len(shapes))}
     delta_t, delta_beta, stats = outs
     stats = stats.reshape(b, _STATS)
@@ -634,19 +771,21 @@ def _launch_all(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
-    """Configurations the CPU tests compile for sm_90: d 1, 2 and 4, K = 16 and 32, with
-    and without the spare column, scalar Schur solves of 4 and 12 and Gauss-Jordan."""
+    """Configurations the CPU tests compile for sm_90: compile-time k of 12 and 5 (even d:
+    paired loads), 4 (d = 1) and 7 (d = 3), and runtime k with Gauss-Jordan (d 2 and 4,
+    K = 16 and 32, with and without the spare column)."""
     cases = []
     for dtype in (jnp.float64, jnp.float32):
-        for d, K, spare, schur_dim in ((2, 16, True, 12), (1, 16, True, 4), (2, 16, True, 0),
-                                       (4, 32, True, 0), (2, 32, False, 0)):
+        for d, K, spare, schur_dim in ((2, 16, True, 12), (2, 16, True, 5), (1, 16, True, 4),
+                                       (3, 16, True, 7), (2, 16, True, 0), (4, 32, True, 0),
+                                       (2, 32, False, 0)):
             rows, warps = launch_config(d, K)
             cases.append(CompileCase(
                 f"border[{jnp.dtype(dtype).name},d={d},K={K},schur={schur_dim}]",
                 _border_atom_kernel, (jnp.int32, *[dtype] * 14),
                 dict(D=d, K=K, R=rows, UNIT_ROUNDOFF=float(jnp.finfo(dtype).eps) / 2,
-                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim, ASM=True,
-                     BUMP_SAFE=_bump_safe(dtype)),
+                     SPARE_COLUMN=spare, SCHUR_DIM=schur_dim,
+                     FIXED_K=_fixed_k(schur_dim, warps), ASM=True, BUMP_SAFE=_bump_safe(dtype)),
                 warps))
     return tuple(cases)
 
