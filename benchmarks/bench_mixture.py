@@ -9,6 +9,9 @@ Cases (float32 unless said, same process, same device):
   reference's iteration; baseline ``xla_quadratic_gemm``: the plain-XLA quadratic-feature
   formulation (Phi = [x_a x_b (a <= b), x, 1], logits = Phi W, softmax, R^T Phi),
   HIGHEST precision;
+* ``em_iteration`` of the Triton E-step (:mod:`gpustat.triton.mixture`, precision "f16x3",
+  where jax-triton is installed) against the same baseline, and its per-point
+  log-likelihood error vs float64 (``loglik_error_f16x3``);
 * ``em_pieces``: per precision, the density pass alone (log p(x), no logits written)
   over block settings, then the E-step (density pass writing the logits + statistics
   pass) over statistics settings (block shapes and "full"/"packed" second moments);
@@ -38,10 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
+from gpustat._backend import available_backends
 from gpustat.mixture_gibbs import GibbsState, sample_niw_posterior, sample_sticks
 from gpustat.mixture_mstep import m_step
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_priors import NIWPrior, StickBreakingPrior
+from gpustat.mixture_quadratic import n_features, quadratic_features, quadratic_weights
 from gpustat.pallas import mixture as kernels
 from gpustat.pallas.mixture_labels import LABEL_BLOCKS
 from gpustat.reference import mixture as ref
@@ -73,27 +78,6 @@ def make_problem(n, p, k, seed=0):
 
 
 # ------------------------------------------------------------------ plain-XLA baselines
-
-def quadratic_features(X):
-    """Phi = [x_a x_b (a <= b, row-major), x, 1] from column slices (no gather)."""
-    p = X.shape[1]
-    products = [X[:, a:a + 1] * X[:, a:] for a in range(p)]
-    return jnp.concatenate([*products, X, jnp.ones((X.shape[0], 1), X.dtype)], axis=1)
-
-
-def quadratic_weights(params: MixtureParams):
-    """W (F, k): Phi(x) W = log w_j + log N(x | mu_j, Sigma_j) (exact float32 products)."""
-    p = params.means.shape[1]
-    chol = params.precisions_cholesky
-    prec = jnp.matmul(chol, jnp.swapaxes(chol, 1, 2), precision=HIGHEST)
-    a, b = np.triu_indices(p)
-    quad = -0.5 * prec[:, a, b] * np.where(a == b, 1.0, 2.0)
-    lin = jnp.einsum("kab,kb->ka", prec, params.means, precision=HIGHEST)
-    logdet = jnp.sum(jnp.log(jnp.diagonal(chol, axis1=1, axis2=2)), axis=1)
-    const = (jnp.log(params.weights) + logdet - 0.5 * p * np.log(2 * np.pi)
-             - 0.5 * jnp.sum(lin * params.means, axis=1))
-    return jnp.concatenate([quad, lin, const[:, None]], axis=1).T
-
 
 def stats_from_quadratic(T, p):
     """SuffStats from R^T Phi (k, F)."""
@@ -281,16 +265,65 @@ def kernel_em_step(precision, density_cfg, stats_cfg):
     return jax.jit(step)
 
 
-def bench_em(rec, X, params, quick):
+def triton_em_step():
+    """One EM iteration through the Triton E-step at precision "f16x3"."""
+    from gpustat.triton import mixture as triton_mixture
+
+    def step(X, params):
+        stats = triton_mixture.suff_stats(X, params)
+        return m_step(stats, reg_covar=1e-6), stats.loglik
+
+    return jax.jit(step)
+
+
+def bench_triton_em(rec, X, params, xla_t, want):
+    """The Triton E-step's EM iteration ("f16x3") against the same run's XLA baseline, and
+    its per-point log-likelihood error against float64."""
+    from gpustat.triton import mixture as triton_mixture
+
     n, p = X.shape
-    shape = (n, p, K)
+    step = triton_em_step()
+    check_close("loglik f16x3", step(X, params)[1], want, rtol=1e-4)
+    t = time_fn(step, [(X, params)])
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="triton", timing=t,
+               items=n, item_name="rows", baseline="xla_quadratic_gemm",
+               extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
+                      "flop": 2 * n * K * 2 * n_features(p)})
+    print(f"em_iteration f16x3 (triton): {t.median_ms:.2f} ms "
+          f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    rows = X[:65536]
+    with x64_for(jnp.float64):
+        exact = np.asarray(ref.log_prob(rows.astype(jnp.float64),
+                                        jax.tree.map(lambda a: a.astype(jnp.float64), params)))
+    err = np.abs(np.asarray(jax.jit(triton_mixture.log_prob)(rows, params), np.float64) - exact)
+    rec.record("loglik_error_f16x3", shape=rows.shape, dtype="float32", backend="triton",
+               timing=None, extra={"max_abs_error_vs_float64": float(np.max(err)),
+                                   "median_abs_error_vs_float64": float(np.median(err)),
+                                   "passes_1e-3": bool(np.max(err) <= 1e-3),
+                                   "precision": "f16x3"})
+    print(f"f16x3 per-point log-likelihood max |error| vs float64: {np.max(err):.2e}",
+          flush=True)
+
+
+def bench_xla_em(rec, X, params):
+    """The baseline: the plain-XLA quadratic-GEMM iteration; returns (timing, loglik)."""
+    n, p = X.shape
     xla_step = jax.jit(xla_em_iteration)
     xla_t = time_fn(xla_step, [(X, params)])
-    rec.record("em_iteration", shape=shape, dtype="float32", backend="xla_quadratic_gemm",
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="xla_quadratic_gemm",
                timing=xla_t, items=n, item_name="rows",
                extra={"precision": "highest", "flop": 2 * n * K * 2 * 153})
     print(f"xla_quadratic_gemm {xla_t.median_ms:.2f} ms", flush=True)
-    want = xla_step(X, params)[1]
+    return xla_t, xla_step(X, params)[1]
+
+
+def bench_em(rec, X, params, quick):
+    n, p = X.shape
+    shape = (n, p, K)
+    xla_t, want = bench_xla_em(rec, X, params)
+    if not INTERPRET and "triton" in available_backends():
+        guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
+                lambda: bench_triton_em(rec, X, params, xla_t, want))
     best = {}
 
     def one(precision, density_cfg, stats_cfg, swept):

@@ -86,8 +86,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             with the restarts run side by side), and a line of the restarts' final lower
             bounds after fitting.
         verbose_interval: iterations between those lines.
-        backend: E-step backend, "auto", "pallas", "reference" or "interpret".
-        precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
+        backend: E-step backend, "auto", "pallas", "reference", "interpret" or "triton".
+        precision: float32 matmul precision of the kernels, "highest", "tf32x3" or "f16x3"
+            (the Triton E-step during ``fit``; densities then run at "highest").
 
     Attributes (after ``fit``): ``weights_`` (m,), ``means_`` (m, p), ``covariances_``,
     ``precisions_``, ``precisions_cholesky_``, ``converged_``, ``n_iter_``,
@@ -350,16 +351,23 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     def _check_fitted(self) -> None:
         check_is_fitted(self, "params_")  # NotFittedError, a ValueError and AttributeError
 
+    def _density_settings(self) -> dict:
+        """backend and precision of the density ops: "f16x3" is the E-step's only (the
+        Triton path); densities then run at "highest" on the default path."""
+        if self.precision != "f16x3":
+            return {"backend": self.backend, "precision": self.precision}
+        return {"backend": "auto" if self.backend == "triton" else self.backend,
+                "precision": "highest"}
+
     def _weighted_log_prob(self, X):
-        log_dens = mvn_logpdf(X, self.params_, backend=self.backend, precision=self.precision)
+        log_dens = mvn_logpdf(X, self.params_, **self._density_settings())
         return log_dens + jnp.log(self.params_.weights)
 
     def score_samples(self, X) -> np.ndarray:
         """(n,) log-likelihood log p(x_i) of every row."""
         self._check_fitted()
         X = self._check_X(X, fitting=False)
-        return np.asarray(log_prob(X, self.params_, backend=self.backend,
-                                   precision=self.precision))
+        return np.asarray(log_prob(X, self.params_, **self._density_settings()))
 
     def score(self, X, y=None) -> float:
         """Mean log-likelihood of the rows of X (n, p)."""

@@ -172,8 +172,9 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         weight_prior: Dirichlet or stick-breaking prior for MAP weights (BEM).
         component_prior: normal-inverse-Wishart prior for MAP means/covariances (full only).
         initial_lower_bound: lower bound before the first iteration (warm starts).
-        backend: "auto", "pallas", "reference" or "interpret" (for the E-step).
-        precision: float32 matmul precision of the kernels, "highest" or "tf32x3".
+        backend: "auto", "pallas", "reference", "interpret" or "triton" (for the E-step).
+        precision: float32 matmul precision of the kernels, "highest", "tf32x3" or "f16x3"
+            (the Triton E-step: float32, m <= 256; :func:`gpustat.mixture.suff_stats`).
         report_every: print every restart's iteration, lower bound and change every this
             many iterations (a host callback; 0, the default, prints nothing).
 
@@ -195,7 +196,7 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     weight_prior = check_weight_prior(weight_prior, X.dtype)
     component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em")
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em", precision)
     return _fit_em_jit(X, init, w, weight_prior, component_prior,
                        jnp.asarray(initial_lower_bound, X.dtype), tol=tol, max_iter=max_iter,
                        reg_covar=reg_covar, path=path, precision=precision,
@@ -316,7 +317,7 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
     if not 0.5 < kappa <= 1:
         raise ValueError(f"kappa must lie in (0.5, 1], got {kappa=}")
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, p, "online_em_step")
+    path = mixture_ops.resolve_mixture_backend(backend, p, "online_em_step", precision)
     return _online_em_step_jit(state, X_batch, reg_covar=reg_covar, kappa=kappa, path=path,
                                precision=precision)
 

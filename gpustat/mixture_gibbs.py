@@ -192,7 +192,7 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
     n_components = check_int(n_components, "n_components", 1)
     n_sweeps = check_int(n_sweeps, "n_sweeps", 1)
     n_chains = check_int(n_chains, "n_chains", 1)
-    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs")
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs", precision)
     if init is not None:
         init = _check_init(init, X, n_components)
     component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)

@@ -2,7 +2,10 @@
 
 Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "interpret")
 and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
-"tf32x3" = three TF32 tensor-core products; plain TF32 is never used). float64 stays
+"tf32x3" = three TF32 tensor-core products; plain TF32 is never used). The E-step ops
+(``suff_stats`` and the EM drivers) also take ``precision="f16x3"``: the Triton E-step of
+:mod:`gpustat.triton.mixture` (``backend="triton"`` or ``"auto"``), three float16
+products over power-of-two-scaled operands, float32 only. float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
 p <= 32 features. On a GPU "auto" runs the kernels for every dtype (the H100 benchmark
 measured them ~5x faster than XLA's reference per EM iteration in float32 and in
@@ -25,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from gpustat._backend import resolve_backend
+from gpustat._backend import available_backends, resolve_backend
 from gpustat.mixture_params import MixtureParams, SuffStats
 from gpustat.mixture_validation import (
     check_data,
@@ -47,8 +50,27 @@ __all__ = [
 ]
 
 
-def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
-    """The concrete path ("pallas" | "interpret" | "reference") for an op on p features."""
+# the ops whose work is the E-step statistics: they have the Triton path ("f16x3")
+TRITON_OPS = ("suff_stats", "fit_em", "online_em_step")
+
+
+def resolve_mixture_backend(backend: str, n_features: int, op: str,
+                            precision: str = "highest") -> str:
+    """The concrete path ("pallas" | "interpret" | "reference" | "triton") for an op on p
+    features. precision="f16x3" is the Triton E-step's: ``"auto"`` then takes "triton"
+    where it can run (a CUDA GPU with jax-triton), else the reference."""
+    if precision == "f16x3":
+        if op not in TRITON_OPS:
+            raise ValueError(f"mixture.{op}: precision='f16x3' is the Triton E-step's "
+                             f"(ops {TRITON_OPS}); use 'highest' or 'tf32x3'")
+        if backend in ("pallas", "interpret"):
+            raise ValueError(f"mixture.{op}: precision='f16x3' runs on backend='triton' "
+                             f"(or 'auto', 'reference'), got {backend=!r}")
+        if backend == "auto":
+            backend = "triton" if "triton" in available_backends() else "reference"
+    elif backend == "triton" and op in TRITON_OPS:
+        raise ValueError(f"mixture.{op}: backend='triton' computes the E-step at "
+                         f"precision='f16x3'; pass it explicitly, got {precision=!r}")
     # "auto" runs the kernels on a CUDA GPU: on an H100 at n=1e6, p=16, k=256
     # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit 21aa167) one float32
     # EM iteration took 7.0 ms at precision="highest" against 40.8 ms for XLA's chunked
@@ -57,14 +79,14 @@ def resolve_mixture_backend(backend: str, n_features: int, op: str) -> str:
     return resolve_backend(
         backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
         unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "
-                           f"p={n_features}")
+                           f"p={n_features}", has_triton=op in TRITON_OPS)
 
 
 def _prepare(X, params, op, backend, precision):
     X = check_data(X)
     params = check_params(params, X.shape[1], X.dtype)
     check_precision(precision)
-    return X, params, resolve_mixture_backend(backend, X.shape[1], op)
+    return X, params, resolve_mixture_backend(backend, X.shape[1], op, precision)
 
 
 def _centred(X, params: MixtureParams):
@@ -191,8 +213,9 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
             from them, so that S2 / N - mu mu^T does not cancel.
         params: :class:`MixtureParams` (m components).
         sample_weight: optional (n,) non-negative row weights w_i (default 1).
-        backend: "auto", "pallas", "reference" or "interpret".
-        precision: float32 matmul precision on kernel backends.
+        backend: "auto", "pallas", "reference", "interpret" or "triton".
+        precision: float32 matmul precision on kernel backends: "highest", "tf32x3" or
+            "f16x3" (the Triton E-step, float32 X and m <= 256 only).
 
     Returns:
         :class:`SuffStats` with counts (m,), sum_x (m, p), sum_xx (m, p, p) and
@@ -215,6 +238,10 @@ def dispatch_suff_stats(X, params, w, *, path: str, precision: str) -> SuffStats
     """:func:`suff_stats` on validated input and a resolved path (for the drivers' loops)."""
     if path == "reference":
         return _reference.suff_stats(X, params, w)
+    if path == "triton":
+        from gpustat.triton.mixture import suff_stats as triton_suff_stats
+
+        return triton_suff_stats(X, params, w)
     return _kernels.suff_stats(X, params, w, **_kernel_kwargs(path, precision))
 
 
@@ -297,7 +324,7 @@ def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_c
         raise ValueError(f"n_components must be >= 1, got {n_components=}")
     labels = check_labels(labels, X.shape[0], n_components)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
-    path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels")
+    path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels", precision)
     if path == "reference":
         return _reference.suff_stats_from_labels(X, labels, n_components, w)
 

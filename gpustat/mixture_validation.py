@@ -18,7 +18,7 @@ from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
 __all__ = ["PRECISION_CHOICES", "check_data", "check_labels", "check_params", "check_precision",
            "check_sample_weight", "integers_as_float", "is_concrete"]
 
-PRECISION_CHOICES = ("highest", "tf32x3")
+PRECISION_CHOICES = ("highest", "tf32x3", "f16x3")
 
 
 def is_concrete(x) -> bool:
@@ -134,7 +134,8 @@ def check_labels(labels, n: int, n_components: int):
 
 
 def check_precision(precision: str) -> str:
-    """The float32 matmul precision: "highest" (IEEE fp32) or "tf32x3" (3xTF32)."""
+    """The float32 matmul precision: "highest" (IEEE fp32), "tf32x3" (3xTF32) or "f16x3"
+    (three float16 products over power-of-two-scaled operands: the Triton E-step's)."""
     if precision not in PRECISION_CHOICES:
         raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision=!r}")
     return precision

@@ -181,9 +181,10 @@ def test_auto_winners_name_known_paths_and_classes():
 def _compile_cases():
     if importlib.util.find_spec("triton") is None:
         return []
-    from gpustat.triton import border, factorization, piecewise
+    from gpustat.triton import border, factorization, mixture, piecewise
 
-    return [*piecewise.COMPILE_CASES, *factorization.COMPILE_CASES, *border.COMPILE_CASES]
+    return [*piecewise.COMPILE_CASES, *factorization.COMPILE_CASES, *border.COMPILE_CASES,
+            *mixture.COMPILE_CASES]
 
 
 @needs_triton

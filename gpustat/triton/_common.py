@@ -46,7 +46,7 @@ def triton_type(dtype) -> str:
 
 def launch(kernel, args: Sequence[jax.Array], out_shape, grid: tuple[int, ...], *,
            num_warps: int, interpret: bool = False, aliases: dict[int, int] | None = None,
-           **constexprs):
+           num_stages: int = 1, **constexprs):
     """Run ``kernel[grid](*args, *outs, **constexprs)`` on JAX arrays; returns the outputs.
 
     Args:
@@ -57,6 +57,7 @@ def launch(kernel, args: Sequence[jax.Array], out_shape, grid: tuple[int, ...], 
         grid: launch grid (up to three program axes).
         num_warps: warps per program (ignored by the interpreter).
         interpret: run in Triton's interpreter on the host (any machine).
+        num_stages: Triton's software-pipelining depth of the kernel's loops (1: none).
         aliases: ``{input position: output position}``: that output starts as that
             input's buffer (in place on the GPU), so the kernel may leave parts unwritten.
         **constexprs: the kernel's ``tl.constexpr`` arguments.
@@ -71,7 +72,7 @@ def launch(kernel, args: Sequence[jax.Array], out_shape, grid: tuple[int, ...], 
         import jax_triton  # lazy: importing it needs a CUDA jaxlib
 
         outs = jax_triton.triton_call(*args, kernel=kernel, out_shape=shapes, grid=grid,
-                                      num_warps=num_warps, num_stages=1,
+                                      num_warps=num_warps, num_stages=num_stages,
                                       input_output_aliases=aliases, **constexprs)
     return outs[0] if single else tuple(outs)
 
