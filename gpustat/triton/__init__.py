@@ -8,6 +8,8 @@ depend on the (deprecated) Pallas Triton lowering:
   searched breakpoints, every extrapolate mode, trailing axes);
 * :mod:`gpustat.triton.factorization`: ``ffm_predict`` and ``fwfm_predict`` scores;
 * :mod:`gpustat.triton.border`: ``solve_batched_border``, one fused program per atom.
+* :mod:`gpustat.triton.mixture`: the mixture E-step at ``precision="f16x3"`` (``suff_stats``,
+  ``fit_em``), float16-split tensor-core GEMMs over quadratic features.
 
 Nothing here imports ``triton`` or ``jax_triton`` until a Triton kernel is
 called: gpustat imports and works without them (``pip install 'gpustat[triton]'``
