@@ -150,3 +150,17 @@ def test_compiled_statistics_and_em_equal_the_float64_reference():
     exact = mixture.fit_em(X, params, max_iter=3, backend="pallas", precision="highest")
     np.testing.assert_allclose(np.asarray(fitted.params.means), np.asarray(exact.params.means),
                                atol=2e-4)
+
+
+def test_estimator_at_f16x3_fits_and_scores_like_highest_off_gpu():
+    """GaussianMixture(precision="f16x3"): the E-step's precision; its densities run at
+    "highest". Off a GPU "auto" runs the reference for both, so the fits agree."""
+    if "triton" in __import__("gpustat._backend", fromlist=["x"]).available_backends():
+        pytest.skip("this machine runs the Triton path")
+    from gpustat import GaussianMixture
+
+    X = np.asarray(_problem(300, 2, 3)[0], np.float64)
+    fits = [GaussianMixture(3, precision=precision, random_state=0, max_iter=5).fit(X)
+            for precision in ("f16x3", "highest")]
+    np.testing.assert_allclose(fits[0].means_, fits[1].means_, rtol=1e-12)
+    np.testing.assert_allclose(fits[0].score_samples(X), fits[1].score_samples(X), rtol=1e-12)
