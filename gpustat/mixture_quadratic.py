@@ -7,7 +7,8 @@ component j with precision Lambda_j = U_j U_j^T,
     c_j = log w_j + log det U_j - p/2 log 2 pi - 1/2 mu^T Lambda mu,
 
 phi(x)^T W[:, j] = log w_j + log N(x | mu_j, Sigma_j): the densities of a row block are one
-GEMM and the statistics N_j, sum r x, sum r x x^T one more (R^T Phi). Used by the Triton
+GEMM and the statistics N_j, sum r x, sum r x x^T one more (R^T Phi,
+:func:`stats_from_quadratic`). Used by the Triton
 E-step (:mod:`gpustat.triton.mixture`) and the benchmarks' plain-XLA baseline. The form
 cancels like |x|^2 |Lambda| eps: centre X first.
 """
@@ -18,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gpustat.mixture_params import MixtureParams, full_precision_cholesky
+from gpustat.mixture_params import MixtureParams, SuffStats, full_precision_cholesky
 
-__all__ = ["n_features", "quadratic_features", "quadratic_weights"]
+__all__ = ["n_features", "quadratic_features", "quadratic_weights", "stats_from_quadratic"]
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -49,3 +50,13 @@ def quadratic_weights(params: MixtureParams):
     const = (jnp.log(params.weights) + logdet - 0.5 * p * np.log(2 * np.pi)
              - 0.5 * jnp.sum(lin * params.means, axis=1))
     return jnp.concatenate([quad, lin, const[:, None]], axis=1).T
+
+
+def stats_from_quadratic(T, p: int, loglik=0.0) -> SuffStats:
+    """:class:`SuffStats` from T = R^T Phi (m, F): the columns of x x^T (a <= b, mirrored),
+    of x and of 1, and the given log-likelihood."""
+    a, b = np.triu_indices(p)
+    nq = len(a)
+    sum_xx = (jnp.zeros((T.shape[0], p, p), T.dtype).at[:, a, b].set(T[:, :nq])
+              .at[:, b, a].set(T[:, :nq]))
+    return SuffStats(T[:, nq + p], T[:, nq:nq + p], sum_xx, jnp.asarray(loglik, T.dtype))

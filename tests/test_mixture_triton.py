@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpustat import mixture
+from gpustat._backend import available_backends
 from gpustat.mixture_params import MixtureParams
 from gpustat.reference import mixture as ref
 
@@ -132,7 +133,7 @@ def test_f16x3_is_the_estep_precision_only():
 
 
 def test_auto_f16x3_without_a_gpu_runs_the_reference():
-    if "triton" in __import__("gpustat._backend", fromlist=["x"]).available_backends():
+    if "triton" in available_backends():
         pytest.skip("this machine runs the Triton path")
     X, params = _problem(200, 3, 4)
     got = mixture.suff_stats(X, params, precision="f16x3")
@@ -155,7 +156,7 @@ def test_compiled_statistics_and_em_equal_the_float64_reference():
 def test_estimator_at_f16x3_fits_and_scores_like_highest_off_gpu():
     """GaussianMixture(precision="f16x3"): the E-step's precision; its densities run at
     "highest". Off a GPU "auto" runs the reference for both, so the fits agree."""
-    if "triton" in __import__("gpustat._backend", fromlist=["x"]).available_backends():
+    if "triton" in available_backends():
         pytest.skip("this machine runs the Triton path")
     from gpustat import GaussianMixture
 

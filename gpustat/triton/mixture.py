@@ -21,8 +21,9 @@ density needs centred X (the public ops centre it): the quadratic form cancels l
 
 Passes per chunk of rows: XLA builds the split features; :func:`_density_kernel`
 (one program per 128 rows, every component at once) writes log p(x), the split scaled
-responsibilities and their block exponents; :func:`_stats_kernel` (grid: component
-block, feature block, row range) accumulates R^T Phi, the row ranges summed by XLA.
+responsibilities and their block exponents; :func:`_stats_kernel` (grid: feature block,
+row range; every component in one program) accumulates R^T Phi, the row ranges summed
+by XLA.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ import triton
 import triton.language as tl
 
 from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_quadratic import n_features, quadratic_features, quadratic_weights
+from gpustat.mixture_quadratic import (
+    n_features,
+    quadratic_features,
+    quadratic_weights,
+    stats_from_quadratic,
+)
 from gpustat.pallas._common import next_pow2
-from gpustat.pallas.mixture import _over_chunks  # the Pallas E-step's row chunking
+from gpustat.pallas.mixture import _over_chunks, _unit_weights  # the Pallas E-step's helpers
 from gpustat.triton._common import CompileCase, launch
 
-__all__ = ["COMPILE_CASES", "MAX_COMPONENTS", "log_prob", "quadratic_features",
-           "quadratic_weights", "suff_stats"]
+__all__ = ["COMPILE_CASES", "MAX_COMPONENTS", "log_prob", "suff_stats"]
 
 MAX_COMPONENTS = 256  # the density program holds (128, m) logits in registers
 ROWS_PER_CHUNK = 1 << 20
@@ -73,6 +78,7 @@ def _split_features(X, F_pad):
     p = X.shape[1]
     bound_x = jnp.max(jnp.abs(X), axis=0)
     a, b = np.triu_indices(p)
+    # bound 1 for the constant feature and the zero padding
     bound = jnp.concatenate([bound_x[a] * bound_x[b], bound_x,
                              jnp.ones(F_pad - n_features(p) + 1, X.dtype)])
     s = _pow2_scale(bound)
@@ -129,14 +135,15 @@ def _density_kernel(phi_hi_ref, phi_lo_ref, w_hi_ref, w_lo_ref, inv_scale_ref, b
 
 @triton.jit
 def _stats_kernel(r_hi_ref, r_lo_ref, phi_hi_ref, phi_lo_ref, r_exp_ref, t_ref,
-                  N: tl.constexpr, F: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_F: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                  ROWS_PER_SPLIT: tl.constexpr, SPLIT_EXP: tl.constexpr, MIN_EXP: tl.constexpr):
-    kb, fb, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+                  N: tl.constexpr, F: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, ROWS_PER_SPLIT: tl.constexpr,
+                  SPLIT_EXP: tl.constexpr, MIN_EXP: tl.constexpr):
+    # one program: every component (K <= 256) against one feature block and row range
+    fb, split = tl.program_id(0), tl.program_id(1)
+    ks = tl.arange(0, K)
     fs = fb * BLOCK_F + tl.arange(0, BLOCK_F)
-    acc = tl.zeros((BLOCK_K, BLOCK_F), tl.float32)
-    acc_exp = tl.full((BLOCK_K,), 2.0 * MIN_EXP, tl.float32)
+    acc = tl.zeros((K, BLOCK_F), tl.float32)
+    acc_exp = tl.full((K,), 2.0 * MIN_EXP, tl.float32)
     first = split * ROWS_PER_SPLIT
     for n0 in tl.range(0, ROWS_PER_SPLIT, BLOCK_N):
         rows = first + n0 + tl.arange(0, BLOCK_N)
@@ -160,7 +167,6 @@ def _stats_kernel(r_hi_ref, r_lo_ref, phi_hi_ref, phi_lo_ref, r_exp_ref, t_ref,
              acc * tl.exp2(acc_exp - SPLIT_EXP)[:, None])
 
 
-
 def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, num_stages, interpret):
     n, F = phi_hi.shape
     K = w_hi.shape[1]
@@ -178,27 +184,21 @@ def _density_constexprs(n, F, K):
                 MIN_EXP=_MIN_EXP)
 
 
-def _stats_block_k(K):
-    return min(K, 256)
-
-
 def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp, *, num_stages, interpret):
     n, K = r_hi.shape
     F = phi_hi.shape[1]
     splits = min(_STATS_SPLITS, -(-n // _BLOCK_M))
     per_split = -(-n // (splits * _BLOCK_M)) * _BLOCK_M
     splits = -(-n // per_split)
-    block_k = _stats_block_k(K)
     out = jax.ShapeDtypeStruct((splits, K, F), jnp.float32)
     partial = launch(_stats_kernel, (r_hi, r_lo, phi_hi, phi_lo, r_exp), out,
-                     (K // block_k, F // _BLOCK_F, splits), num_warps=8, num_stages=num_stages,
-                     interpret=interpret,
-                     **_stats_constexprs(n, F, K, block_k, per_split))
+                     (F // _BLOCK_F, splits), num_warps=8, num_stages=num_stages,
+                     interpret=interpret, **_stats_constexprs(n, F, K, per_split))
     return jnp.sum(partial, axis=0)
 
 
-def _stats_constexprs(n, F, K, block_k, per_split):
-    return dict(N=n, F=F, K=K, BLOCK_K=block_k, BLOCK_F=_BLOCK_F, BLOCK_N=_STATS_ROWS,
+def _stats_constexprs(n, F, K, per_split):
+    return dict(N=n, F=F, K=K, BLOCK_F=_BLOCK_F, BLOCK_N=_STATS_ROWS,
                 BLOCK_M=_BLOCK_M, ROWS_PER_SPLIT=per_split, SPLIT_EXP=float(_SPLIT_EXP),
                 MIN_EXP=_MIN_EXP)
 
@@ -224,7 +224,8 @@ def _chunk_stats(X, w, W, *, num_stages, interpret):
     return (T[:m, :F] / s[None, :F], jnp.sum(w * lse)),
 
 
-def _check(X, params):
+def _checked_weights(X, params):
+    """W (F, m) in float32, after the checks of what the kernels take."""
     if X.dtype != jnp.float32:
         raise ValueError(f"precision='f16x3' takes float32 X, got X.dtype={X.dtype}")
     if params.n_components > MAX_COMPONENTS:
@@ -236,8 +237,8 @@ def _check(X, params):
 def log_prob(X, params: MixtureParams, *, interpret: bool = False,
              rows_per_chunk: int = ROWS_PER_CHUNK, num_stages: int = 3):
     """(n,) log p(x_i) from the density pass at "f16x3" (its responsibilities discarded)."""
-    W = _check(X, params)
-    w = jnp.ones(X.shape[0], X.dtype)
+    W = _checked_weights(X, params)
+    w = _unit_weights(X, None)
 
     def chunk(Xc, wc):
         return (), _chunk_density(Xc, wc, W, num_stages=num_stages, interpret=interpret)[0]
@@ -261,17 +262,10 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *, interpret: bool 
     Returns:
         :class:`SuffStats` (float32).
     """
-    n, p = X.shape
-    m = params.n_components
-    W = _check(X, params)
-    w = jnp.ones(n, X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
+    W = _checked_weights(X, params)
     chunk = functools.partial(_chunk_stats, W=W, num_stages=num_stages, interpret=interpret)
-    T, loglik = _over_chunks(chunk, rows_per_chunk, (X, w))[0]
-    nq = p * (p + 1) // 2
-    a, b = np.triu_indices(p)
-    sum_xx = jnp.zeros((m, p, p), T.dtype).at[:, a, b].set(T[:, :nq]).at[:, b, a].set(T[:, :nq])
-    return SuffStats(T[:, nq + p], T[:, nq:nq + p], sum_xx, loglik)
-
+    T, loglik = _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
+    return stats_from_quadratic(T, X.shape[1], loglik)
 
 
 def _compile_cases() -> tuple[CompileCase, ...]:
@@ -285,7 +279,7 @@ def _compile_cases() -> tuple[CompileCase, ...]:
                                  + (jnp.float32,), _density_constexprs(n, F, K), 8))
         cases.append(CompileCase(f"mixture_stats[F={F},K={K}]", _stats_kernel,
                                  (jnp.float16,) * 4 + (jnp.float32,) * 2,
-                                 _stats_constexprs(n, F, K, _stats_block_k(K), 1024), 8))
+                                 _stats_constexprs(n, F, K, 1024), 8))
     return tuple(cases)
 
 
