@@ -307,7 +307,7 @@ def bench_xla_em(rec, X, params):
     xla_t = time_fn(xla_step, [(X, params)])
     rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="xla_quadratic_gemm",
                timing=xla_t, items=n, item_name="rows",
-               extra={"precision": "highest", "flop": 2 * n * K * 2 * 153})
+               extra={"precision": "highest", "flop": 2 * n * K * 2 * n_features(p)})
     print(f"xla_quadratic_gemm {xla_t.median_ms:.2f} ms", flush=True)
     return xla_t, xla_step(X, params)[1]
 

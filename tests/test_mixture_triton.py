@@ -91,7 +91,7 @@ def test_interpreted_log_prob_equals_the_float64_reference():
 
 @needs_triton
 def test_far_component_keeps_its_relative_precision():
-    """Responsibilities of ~1e-30 are scaled per row block before the float16 split: the
+    """Responsibilities below 1e-15 are scaled per row block before the float16 split: the
     far component's statistics keep their relative precision (a fixed 2^14 scale would
     flush them to zero)."""
     from gpustat.triton.mixture import suff_stats

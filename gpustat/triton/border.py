@@ -37,9 +37,10 @@ right-hand side overflowing) gets NaN ``delta_beta``, so its rows come out NaN; 
 wrapper turns the per-atom statistics into ``status``, ``row`` and ``bump`` with the rules
 of :mod:`gpustat.reference.border`.
 
-Loads. The kernel is bound by its L1 traffic (an Nsight Compute profile of the ``k = 12``
-launch: the L1 data pipe 75 % busy, most of it the rows' uncoalesced loads, lane ``i``
-reading row ``i``). In a launch of one ``k <= 12`` on one warp (``FIXED_K``,
+Loads. Lane ``i`` reads row ``i``, so the rows' loads are uncoalesced (an Nsight Compute
+profile of the ``k = 12`` launch: the L1 data pipe 75 % busy, most of it these loads); fewer
+load instructions paid, but coalesced tiles and shared-memory staging measured slower
+(``docs/border.md``). In a launch of one ``k <= 12`` on one warp (``FIXED_K``,
 :func:`_chunk_fixed_k`), each row's ``H_tb`` block of ``d k`` contiguous entries loads as a
 tuple of vectors, 16 bytes a lane for even ``d`` (every block then starts at an even
 offset), and whitens column by column; the ``Y`` tiles for the dots are assembled in
@@ -119,8 +120,7 @@ def _row_entries(ptr, start, ok, W: tl.constexpr, DIAG: tl.constexpr, PAIRS: tl.
     """``ptr[start + j]``, ``j < W``, of each row (``start``: ``(R,)``) as a tuple of ``(R,)``
     vectors; masked rows read 0, or 1 at ``j = DIAG``. ``PAIRS`` (``W`` and every ``start``
     even): in pairs, 16 bytes a lane. The ``(R, 2)`` tiles keep one row a thread and halve
-    the load instructions, and with them the L1 wavefronts of the uncoalesced rows, which
-    bound the kernel."""
+    the load instructions, and with them the L1 wavefronts of the uncoalesced rows."""
     out = ()
     if PAIRS:
         two = tl.arange(0, 2)
@@ -398,14 +398,12 @@ def _schur_system(meta_ptr, ridge_t_ptr, ridge_b_ptr, htt_ptr, htb_ptr, gt_ptr, 
             m, e = _binary_parts(tl.where(ok, piv[p], 1.0))
             mantissa *= m
             exponent += e
-            if FIXED_K:  # u is in the spare column already
-                S = tl.dot(tl.trans(Y[p]), Y[p], S, input_precision="ieee", out_dtype=dtype)
-            elif SPARE_COLUMN:
-                Yu = tl.where((cols == K - 1)[None, :], u[p][:, None], Y[p])
-                S = tl.dot(tl.trans(Yu), Yu, S, input_precision="ieee", out_dtype=dtype)
-            else:
-                S = tl.dot(tl.trans(Y[p]), Y[p], S, input_precision="ieee", out_dtype=dtype)
-                rhs += Y[p] * u[p][:, None]
+            Yp = Y[p]
+            if SPARE_COLUMN and not FIXED_K:  # (FIXED_K: u is in the spare column already)
+                Yp = tl.where((cols == K - 1)[None, :], u[p][:, None], Yp)
+            S = tl.dot(tl.trans(Yp), Yp, S, input_precision="ieee", out_dtype=dtype)
+            if not SPARE_COLUMN:
+                rhs += Yp * u[p][:, None]
         bad = tl.minimum(bad, tl.where(ok & ~good, loc, 2**30))
         # renormalised every chunk, so the product stays in [1, 2**(D+1))
         m, e = _binary_parts(mantissa)
