@@ -33,9 +33,9 @@ from scipy.linalg import cho_factor, cho_solve
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
 from gpustat.border import BorderBatch, solve_batched_border
-from gpustat.border_layout import BorderLayout
 from gpustat.pallas import border as kernels
 from gpustat.pallas.border import KernelConfig, solve_border_pallas
+from gpustat.reference.border import BorderLayout
 
 RIDGE = 1e-6
 SCIPY_SAMPLE = 2000

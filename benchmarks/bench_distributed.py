@@ -28,7 +28,7 @@ Cases (the acceptance shapes of the multi-GPU issue):
   (see docs/distributed.md).
 
 "1 GPU" is the single-device public op (``gpustat.mixture.fit_em``,
-``gpustat.border.solve_batched_border``, ``gpustat.fm_train.train_epoch``);
+``gpustat.border.solve_batched_border``, ``gpustat.estimators._train.train_epoch``);
 "D GPUs" is the :mod:`gpustat.distributed` entry point on a D-device mesh; the
 sharded entry point on a 1-device mesh is timed too (its overhead).
 ``GPUSTAT_BENCH_SMALL=1`` shrinks every case for a CPU smoke test.
@@ -45,7 +45,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
-from gpustat import border, distributed, distributed_fm, fm_train, mixture
+from gpustat import border, distributed, mixture
+from gpustat.distributed import _fm as distributed_fm
+from gpustat.estimators import _train as fm_train
 
 SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
 REPEATS = 20

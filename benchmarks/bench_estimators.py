@@ -25,8 +25,9 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.harness import Recorder, Timing, check_close, main_from_args, time_fn
-from gpustat import estimators, fm_train
-from gpustat.estimators_data import make_ctr
+from gpustat import estimators
+from gpustat.estimators import _train as fm_train
+from gpustat.estimators._data import make_ctr
 
 MODELS = {"fm": estimators.FMClassifier, "ffm": estimators.FFMClassifier,
           "fwfm": estimators.FwFMClassifier}

@@ -42,19 +42,24 @@ import numpy as np
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
 from gpustat._backend import available_backends
-from gpustat.mixture_gibbs import GibbsState, sample_niw_posterior, sample_sticks
-from gpustat.mixture_mstep import m_step
-from gpustat.mixture_params import MixtureParams
-from gpustat.mixture_priors import NIWPrior, StickBreakingPrior
-from gpustat.mixture_quadratic import (
+from gpustat.mixture import (
+    GibbsState,
+    MixtureParams,
+    NIWPrior,
+    StickBreakingPrior,
+    m_step,
+    sample_niw_posterior,
+    sample_sticks,
+)
+from gpustat.pallas import mixture as kernels
+from gpustat.pallas.mixture_labels import LABEL_BLOCKS
+from gpustat.reference import mixture as ref
+from gpustat.reference.mixture import (
     n_features,
     quadratic_features,
     quadratic_weights,
     stats_from_quadratic,
 )
-from gpustat.pallas import mixture as kernels
-from gpustat.pallas.mixture_labels import LABEL_BLOCKS
-from gpustat.reference import mixture as ref
 
 # GPUSTAT_BENCH_MIXTURE_SMOKE=1: tiny sizes in interpret mode (checks the script on a CPU)
 SMOKE = os.environ.get("GPUSTAT_BENCH_MIXTURE_SMOKE") == "1"
@@ -423,7 +428,7 @@ def bench_gibbs(rec, X, params, settings):
 
 
 def bench_fit_1e8(rec, precision, cfg):
-    from gpustat.mixture_fit import fit_em
+    from gpustat.mixture import fit_em
 
     n = N_HUGE
     X, params = make_problem(n, P, K)  # same means/covariances as the 1e6 problem

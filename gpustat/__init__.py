@@ -1,53 +1,55 @@
-"""gpustat: JAX and Pallas GPU kernels for statistical computation.
+"""gpustat: JAX GPU kernels for statistical computation.
 
-Every op exists twice: a pure ``jax.numpy`` reference (the meaning) and a Pallas
-kernel lowered through Triton (the speed). Public functions validate their input
-and dispatch on ``backend="auto" | "pallas" | "reference" | "interpret"``.
+Every op exists twice: a pure ``jax.numpy`` reference (the meaning) and GPU kernels
+(Pallas, jax-triton) for the speed. Public functions validate their input and dispatch
+on ``backend="auto" | "pallas" | "reference" | "interpret"`` (and ``"triton"`` where a
+jax-triton kernel exists).
+
+Capabilities are imported on first use (PEP 562), so ``import gpustat`` stays cheap:
+``gpustat.mixture``, ``gpustat.GaussianMixture`` and friends load their modules the
+first time they are touched.
 """
 
-import warnings as _warnings
+from __future__ import annotations
 
-# The Pallas Triton lowering warns on every lowering in jax 0.11; gpustat knows
-# (issue: a jax-triton backend) and filters exactly that one message.
-_warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
-
-from gpustat import bms as bms  # noqa: E402
-from gpustat import distributed as distributed  # noqa: E402
-from gpustat import mixture as mixture  # noqa: E402
-from gpustat import numerics as numerics  # noqa: E402
-from gpustat import testing as testing  # noqa: E402
-from gpustat._backend import BackendUnavailableError as BackendUnavailableError  # noqa: E402
-from gpustat._backend import available_backends as available_backends  # noqa: E402
-from gpustat.border import BorderBatch as BorderBatch  # noqa: E402
-from gpustat.border import BorderSolution as BorderSolution  # noqa: E402
-from gpustat.border import retry_failed as retry_failed  # noqa: E402
-from gpustat.border import solve_batched_border as solve_batched_border  # noqa: E402
-from gpustat.csr import CSR as CSR  # noqa: E402
-from gpustat.estimators import FFMClassifier as FFMClassifier  # noqa: E402
-from gpustat.estimators import FFMRegressor as FFMRegressor  # noqa: E402
-from gpustat.estimators import FMClassifier as FMClassifier  # noqa: E402
-from gpustat.estimators import FMRegressor as FMRegressor  # noqa: E402
-from gpustat.estimators import FwFMClassifier as FwFMClassifier  # noqa: E402
-from gpustat.estimators import FwFMRegressor as FwFMRegressor  # noqa: E402
-from gpustat.estimators import ftrl as ftrl  # noqa: E402
-from gpustat.estimators import lazy_adagrad as lazy_adagrad  # noqa: E402
-from gpustat.estimators import lazy_adam as lazy_adam  # noqa: E402
-from gpustat.estimators import lazy_sgd as lazy_sgd  # noqa: E402
-from gpustat.factorization import ffm_predict as ffm_predict  # noqa: E402
-from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
-from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
-from gpustat.libffm import dump_libffm as dump_libffm  # noqa: E402
-from gpustat.libffm import load_libffm as load_libffm  # noqa: E402
-from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
-from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
-from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
-from gpustat.piecewise import ppoly_eval as ppoly_eval  # noqa: E402
-from gpustat.piecewise_activations import activation as activation  # noqa: E402
-from gpustat.piecewise_fit import fit_piecewise as fit_piecewise  # noqa: E402
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (capability faces and single-file modules)
+_NAMES = {
+    "BackendUnavailableError": "gpustat._backend",
+    "available_backends": "gpustat._backend",
+    "BorderBatch": "gpustat.border",
+    "BorderSolution": "gpustat.border",
+    "retry_failed": "gpustat.border",
+    "solve_batched_border": "gpustat.border",
+    "CSR": "gpustat.csr",
+    "FFMClassifier": "gpustat.estimators",
+    "FFMRegressor": "gpustat.estimators",
+    "FMClassifier": "gpustat.estimators",
+    "FMRegressor": "gpustat.estimators",
+    "FwFMClassifier": "gpustat.estimators",
+    "FwFMRegressor": "gpustat.estimators",
+    "ftrl": "gpustat.estimators",
+    "lazy_adagrad": "gpustat.estimators",
+    "lazy_adam": "gpustat.estimators",
+    "lazy_sgd": "gpustat.estimators",
+    "dump_libffm": "gpustat.factorization",
+    "ffm_predict": "gpustat.factorization",
+    "fm_predict": "gpustat.factorization",
+    "fwfm_predict": "gpustat.factorization",
+    "load_libffm": "gpustat.factorization",
+    "GaussianMixture": "gpustat.mixture",
+    "MixtureParams": "gpustat.mixture",
+    "PiecewisePolynomial": "gpustat.piecewise",
+    "activation": "gpustat.piecewise",
+    "fit_piecewise": "gpustat.piecewise",
+    "ppoly_eval": "gpustat.piecewise",
+}
+_SUBMODULES = ("bms", "border", "distributed", "estimators", "factorization", "mixture",
+               "numerics", "piecewise", "testing")
 
 __all__ = [
     "CSR",
@@ -84,3 +86,46 @@ __all__ = [
     "solve_batched_border",
     "testing",
 ]
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"gpustat.{name}")
+    else:
+        raise AttributeError(f"module 'gpustat' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})
+
+
+if TYPE_CHECKING:
+    from gpustat import bms, distributed, mixture, numerics, testing
+    from gpustat._backend import BackendUnavailableError, available_backends
+    from gpustat.border import BorderBatch, BorderSolution, retry_failed, solve_batched_border
+    from gpustat.csr import CSR
+    from gpustat.estimators import (
+        FFMClassifier,
+        FFMRegressor,
+        FMClassifier,
+        FMRegressor,
+        FwFMClassifier,
+        FwFMRegressor,
+        ftrl,
+        lazy_adagrad,
+        lazy_adam,
+        lazy_sgd,
+    )
+    from gpustat.factorization import (
+        dump_libffm,
+        ffm_predict,
+        fm_predict,
+        fwfm_predict,
+        load_libffm,
+    )
+    from gpustat.mixture import GaussianMixture, MixtureParams
+    from gpustat.piecewise import PiecewisePolynomial, activation, fit_piecewise, ppoly_eval

@@ -1,30 +1,43 @@
-"""Backend choice: the one place that decides reference / pallas / interpret.
+"""Backend choice: the one place that decides reference / XLA / Pallas / Triton.
 
-Every public op takes ``backend="auto" | "pallas" | "reference" | "interpret"``
-(and ``"triton"`` where a jax-triton kernel exists) and calls
-:func:`resolve_backend` once, at trace time, before dispatching:
+Every public op takes ``backend="auto" | "pallas" | "reference" | "interpret"`` (and
+``"triton"`` where a jax-triton kernel exists) and calls :func:`resolve_backend` once,
+at trace time, before dispatching:
 
-* ``"auto"``: the Pallas kernel when JAX's default backend is a CUDA GPU and the
-  kernel supports the request (dtype, shape); otherwise the reference.
-* ``"pallas"``: the compiled kernel; raises :class:`BackendUnavailableError` on a
-  machine without a CUDA GPU. Never falls back.
-* ``"interpret"``: the kernel body under ``interpret=True`` on any platform (tests).
-* ``"reference"``: the pure ``jax.numpy`` definition of the op.
+* ``"auto"``: on a CUDA GPU, the path that :data:`AUTO_RULES` names for the call's
+  capability and shape class (the first matching row), else the Pallas kernel when it
+  supports the call (dtype, shape); the reference elsewhere.
+* ``"pallas"`` / ``"triton"``: the compiled kernel; raises
+  :class:`BackendUnavailableError` on a machine that cannot run it. Never falls back.
+* ``"interpret"``: the Pallas kernel body under ``interpret=True`` on any platform (tests).
+* ``"reference"``: the pure ``jax.numpy`` definition of the op, compiled by XLA.
+
+Shape classes are strings built by the ``*_shape_class`` helpers below; rows of
+:data:`AUTO_RULES` match them with shell-style wildcards (``fnmatch``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import functools
 import importlib.util
 
 import jax
+import numpy as np
 
 __all__ = [
+    "AUTO_RULES",
     "BACKENDS",
+    "AutoRule",
     "BackendUnavailableError",
     "available_backends",
+    "border_shape_class",
     "cuda_gpu_available",
+    "factorization_shape_class",
+    "piecewise_shape_class",
     "resolve_backend",
+    "triton_installed",
 ]
 
 BACKENDS = ("auto", "pallas", "reference", "interpret", "triton")
@@ -32,6 +45,66 @@ BACKENDS = ("auto", "pallas", "reference", "interpret", "triton")
 
 class BackendUnavailableError(RuntimeError):
     """A backend was requested explicitly but this machine cannot run it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoRule:
+    """One row of the ``"auto"`` table: on a CUDA GPU, calls of ``capability`` whose shape
+    class matches ``shape_class`` run ``choice``; ``benchmark`` names the committed
+    benchmark case (``benchmarks/bench_<capability>.py``) that justifies it."""
+
+    capability: str
+    shape_class: str
+    choice: str
+    reason: str
+    benchmark: str
+
+
+#: What ``"auto"`` runs on a CUDA GPU, first matching row wins; calls no row matches run
+#: the Pallas kernel when it supports them. A ``"triton"`` row needs jax-triton installed;
+#: without it the call runs the Pallas kernel (or the reference where none exists).
+AUTO_RULES: tuple[AutoRule, ...] = (
+    AutoRule("piecewise", "uniform/*/small/*", "reference",
+             "an O(1) lookup and Horner step: XLA's fusion of the reference ties the kernel "
+             "up to 2^21 points", "bench_piecewise: uniform cases"),
+    AutoRule("piecewise", "search/float32/streaming/single", "triton",
+             "the jax-triton search streams x at a higher fraction of copy bandwidth",
+             "bench_triton: piecewise search float32 2^26"),
+    AutoRule("piecewise", "search/float64/streaming/single", "triton",
+             "the jax-triton search streams x faster", "bench_triton: piecewise search float64"),
+    AutoRule("piecewise", "search/bfloat16/streaming/single", "triton",
+             "16-bit x is read through its 65,536-value table, built faster by jax-triton",
+             "bench_triton: piecewise search bfloat16"),
+    AutoRule("piecewise", "uniform/bfloat16/streaming/single", "triton",
+             "16-bit x is read through its 65,536-value table, built faster by jax-triton",
+             "bench_triton: piecewise uniform bfloat16"),
+    AutoRule("piecewise", "uniform/float32/streaming/single", "triton",
+             "the jax-triton lookup streams x at least as fast",
+             "bench_triton: piecewise uniform float32"),
+    AutoRule("piecewise", "uniform/float64/streaming/single", "triton",
+             "the jax-triton lookup streams x faster", "bench_triton: piecewise uniform float64"),
+    AutoRule("factorization", "ffm/float64", "triton",
+             "the jax-triton FFM program keeps a row's field pairs in registers",
+             "bench_triton: ffm float64 2^18 rows"),
+    AutoRule("border", "float64/k16", "triton",
+             "one fused jax-triton program per atom for borders padded to 16",
+             "bench_border: fused Triton vs Pallas, float64, k_a in [4, 12]"),
+    AutoRule("mixture", "f16x3/*", "triton",
+             "precision='f16x3' is the jax-triton E-step's tensor-core path",
+             "bench_mixture: EM iteration f16x3"),
+    AutoRule("estimators", "scatter", "reference",
+             "XLA's scatter-add of the sparse gradient ties the Pallas kernel at CTR shapes",
+             "bench_estimators: epoch cases"),
+    AutoRule("numerics", "*", "reference",
+             "standalone elementwise probit functions are compute-bound; XLA fuses the same "
+             "code as well as the kernel (the kernel-safe forms pay inside other kernels)",
+             "bench_numerics"),
+)
+
+# x above this many points streams from HBM (piecewise shape classes)
+_STREAMING_POINTS = 1 << 22
+# up to this many points a uniform lookup is XLA's
+_SMALL_POINTS = 1 << 21
 
 
 @functools.cache
@@ -53,39 +126,74 @@ def _triton_missing() -> list[str]:
     return [m for m in ("triton", "jax_triton") if importlib.util.find_spec(m) is None]
 
 
+@functools.cache
+def triton_installed() -> bool:
+    """True when ``triton`` and ``jax_triton`` can be imported (checked without importing)."""
+    return not _triton_missing()
+
+
 def available_backends() -> tuple[str, ...]:
     """Backends that can run on this machine, in the order "auto" prefers them."""
     names = []
     if cuda_gpu_available():
         names.append("pallas")
-        if not _triton_missing():
+        if triton_installed():
             names.append("triton")
     names += ["reference", "interpret"]
     return tuple(names)
+
+
+def piecewise_shape_class(uniform: bool, x_dtype, num_points: int, single: bool) -> str:
+    """``"<uniform|search>/<x dtype>/<small|cached|streaming>/<single|multi>"`` of a
+    ``ppoly_eval`` call (``single``: one polynomial, no trailing axes)."""
+    size = ("streaming" if num_points > _STREAMING_POINTS
+            else "small" if num_points <= _SMALL_POINTS else "cached")
+    kind = "uniform" if uniform else "search"
+    return f"{kind}/{np.dtype(x_dtype).name}/{size}/{'single' if single else 'multi'}"
+
+
+def factorization_shape_class(model: str, dtype) -> str:
+    """``"<model>/<compute dtype>"`` of an ``fm/ffm/fwfm_predict`` call."""
+    return f"{model}/{np.dtype(dtype).name}"
+
+
+def border_shape_class(dtype, max_border: int) -> str:
+    """``"<compute dtype>/k<16|32>"`` of a ``solve_batched_border`` call: the widest padded
+    border (the kernels pad ``k_a`` to 16 or 32; the Triton one needs a spare column, so
+    ``k_a = 16`` counts as 32)."""
+    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}"
+
+
+def _auto_rule(capability: str, shape_class: str) -> AutoRule | None:
+    for rule in AUTO_RULES:
+        if rule.capability == capability and fnmatch.fnmatchcase(shape_class, rule.shape_class):
+            return rule
+    return None
 
 
 def resolve_backend(
     backend: str,
     *,
     op: str,
+    capability: str = "",
+    shape_class: str = "",
+    kernels: tuple[str, ...] = ("pallas",),
     kernel_supports: bool = True,
     unsupported_reason: str = "",
-    has_triton: bool = False,
-    auto_prefers_kernel: bool = True,
 ) -> str:
     """Turn a user's ``backend=`` argument into the concrete path to run.
 
     Args:
         backend: the user's request, one of :data:`BACKENDS`.
         op: public name of the op, used in error messages.
-        kernel_supports: whether the kernel handles this call (dtype, shape).
-            ``"auto"`` uses the reference when False; an explicit ``"pallas"``
-            or ``"interpret"`` raises ``ValueError`` with ``unsupported_reason``.
-        unsupported_reason: why the kernel does not handle the call.
-        has_triton: whether ``op`` has a jax-triton kernel.
-        auto_prefers_kernel: False where the committed benchmarks show XLA's
-            fusion of the reference at least as fast as the kernel for this call;
-            ``"auto"`` then runs the reference on a GPU too.
+        capability: the row key of :data:`AUTO_RULES` (the module name).
+        shape_class: the call's class (a ``*_shape_class`` helper's string).
+        kernels: the GPU kernels this call has (``"pallas"``, ``"triton"``);
+            ``"interpret"`` runs the Pallas one.
+        kernel_supports: whether the kernels handle this call (dtype, shape).
+            ``"auto"`` uses the reference when False; an explicit kernel backend
+            raises ``ValueError`` with ``unsupported_reason``.
+        unsupported_reason: why the kernels do not handle the call.
 
     Returns:
         One of ``"pallas"``, ``"interpret"``, ``"reference"``, ``"triton"``.
@@ -95,12 +203,19 @@ def resolve_backend(
         BackendUnavailableError: ``"pallas"``/``"triton"`` requested on a machine
             that cannot run it.
     """
-    if backend not in BACKENDS or (backend == "triton" and not has_triton):
-        allowed = [b for b in BACKENDS if b != "triton" or has_triton]
-        raise ValueError(f"{op}: backend must be one of {allowed}, got {backend=!r}")
+    offered = ["auto", *(k for k in ("pallas", "triton") if k in kernels), "reference"]
+    if "pallas" in kernels:
+        offered.append("interpret")
+    if backend not in offered:
+        raise ValueError(f"{op}: backend must be one of {offered}, got {backend=!r}")
     if backend == "auto":
-        use_kernel = cuda_gpu_available() and kernel_supports and auto_prefers_kernel
-        return "pallas" if use_kernel else "reference"
+        if not (cuda_gpu_available() and kernel_supports):
+            return "reference"
+        rule = _auto_rule(capability, shape_class)
+        choice = rule.choice if rule else "pallas"
+        if choice == "triton" and not triton_installed():
+            choice = "pallas"
+        return choice if choice in (*kernels, "reference") else "reference"
     if backend in ("pallas", "triton") and not cuda_gpu_available():
         raise BackendUnavailableError(
             f"{op}: backend={backend!r} needs a CUDA GPU, but this machine has "
@@ -111,6 +226,6 @@ def resolve_backend(
             f"{op}: backend='triton' needs the packages {_triton_missing()} "
             "(pip install 'gpustat[triton]'), which are not installed."
         )
-    if backend in ("pallas", "interpret", "triton") and not kernel_supports:
+    if backend != "reference" and not kernel_supports:
         raise ValueError(f"{op}: backend={backend!r} cannot run this call: {unsupported_reason}")
     return backend

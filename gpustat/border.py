@@ -27,21 +27,21 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from gpustat._backend import resolve_backend
+from gpustat._arrays import compute_dtype
+from gpustat._backend import border_shape_class, resolve_backend
 from gpustat._checks import check_float64_enabled, check_int
-from gpustat.border_layout import MAX_BORDER, BorderLayout
-from gpustat.pallas._common import compute_dtype
 from gpustat.reference.border import (
+    MAX_BORDER,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
+    BorderLayout,
     gershgorin_bounds,
     gershgorin_ridge_bump,
     solve_border_reference,
     symmetric_from_lower,
 )
-from gpustat.triton import auto_path, border_shape_class
 
 __all__ = [
     "STATUS_NONFINITE",
@@ -102,7 +102,7 @@ class BorderBatch:
         g_t: ``(N, d)`` row gradients.
         H_bb: ``(sum_a k_a^2,)`` symmetric borders, row-major (lower triangle read).
         g_b: ``(sum_a k_a,)`` border gradients.
-        layout: the static :class:`~gpustat.border_layout.BorderLayout` (row counts
+        layout: the static :class:`~gpustat.reference.border.BorderLayout` (row counts
             ``n_rows (b,)``, border widths ``k_dims (b,)``, ``d``, offsets).
 
     All arrays share one floating dtype. The batch is a pytree whose layout is static,
@@ -357,12 +357,12 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
     b = layout.num_atoms
     rt = _atom_ridges("ridge_t", ridge_t, b, dtype)
     rb = _atom_ridges("ridge_beta", ridge_beta, b, dtype)
-    path = resolve_backend(backend, op="solve_batched_border",
-                           kernel_supports=layout.d <= MAX_KERNEL_D,
-                           unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
-                                              f"got d={layout.d}", has_triton=True)
     max_border = int(layout.k_dims.max()) if b else 0
-    path = auto_path(path, backend, "border", border_shape_class(dtype, max_border))
+    path = resolve_backend(backend, op="solve_batched_border", capability="border",
+                           shape_class=border_shape_class(dtype, max_border),
+                           kernels=("pallas", "triton"), kernel_supports=layout.d <= MAX_KERNEL_D,
+                           unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
+                                              f"got d={layout.d}")
     arrays = tuple(x.astype(dtype) for x in arrays)
     if b == 0:
         out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),

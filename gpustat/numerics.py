@@ -39,9 +39,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from jaxtyping import Array, Float
 
+from gpustat._arrays import compute_dtype
 from gpustat._backend import resolve_backend
 from gpustat.pallas import numerics as _kernels
-from gpustat.pallas._common import compute_dtype
 from gpustat.reference import numerics as _ref
 
 __all__ = [
@@ -71,11 +71,7 @@ def _as_float(x: ArrayLike, name: str) -> jax.Array:
 def _run(name: str, x: jax.Array, backend: str):
     """Dispatch one op to the reference or the elementwise kernel."""
     fn, count = _kernels.KERNELS[name]
-    # Standalone, these elementwise ops are compute-bound and XLA fuses the same
-    # jnp code as well as the kernel does (0.56-1.06x on an H200, results in
-    # benchmarks/results/nvidia-h200/numerics.jsonl): "auto" runs the reference.
-    # The kernel-safe functions pay off inside other capabilities' kernels.
-    path = resolve_backend(backend, op=f"numerics.{name}", auto_prefers_kernel=False)
+    path = resolve_backend(backend, op=f"numerics.{name}", capability="numerics")
     if path == "reference":
         out = fn(x.astype(compute_dtype(x.dtype)))
         return jax.tree.map(lambda o: o.astype(x.dtype), out)

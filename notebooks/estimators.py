@@ -26,7 +26,7 @@ import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
 from gpustat import FFMClassifier, FMClassifier, FwFMClassifier
-from gpustat.estimators_data import make_ctr
+from gpustat.estimators._data import make_ctr
 
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n_train, n_test = (6_000, 2_000) if SMALL else (200_000, 50_000)

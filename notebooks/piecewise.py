@@ -27,7 +27,7 @@ import optax
 
 jax.config.update("jax_enable_x64", True)
 import gpustat
-from gpustat.piecewise_activations import ACTIVATIONS
+from gpustat.piecewise import ACTIVATIONS
 
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 FIGURES = tempfile.gettempdir()  # where the figures are written

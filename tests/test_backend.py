@@ -1,8 +1,10 @@
 """The dispatch contract of gpustat._backend."""
 
+import numpy as np
 import pytest
 
 import gpustat
+from gpustat import _backend
 from gpustat._backend import cuda_gpu_available, resolve_backend
 
 GPU = cuda_gpu_available()
@@ -11,7 +13,7 @@ GPU = cuda_gpu_available()
 def test_auto_picks_pallas_only_on_a_cuda_gpu():
     assert resolve_backend("auto", op="t") == ("pallas" if GPU else "reference")
     assert resolve_backend("auto", op="t", kernel_supports=False) == "reference"
-    assert resolve_backend("auto", op="t", auto_prefers_kernel=False) == "reference"
+    assert resolve_backend("auto", op="t", capability="numerics") == "reference"
 
 
 def test_explicit_backends():
@@ -29,17 +31,73 @@ def test_pallas_and_triton_without_gpu_raise_naming_the_machine():
     with pytest.raises(gpustat.BackendUnavailableError, match=r"op_x: backend='pallas'.*'cpu'"):
         resolve_backend("pallas", op="op_x")
     with pytest.raises(gpustat.BackendUnavailableError, match="needs a CUDA GPU"):
-        resolve_backend("triton", op="op_x", has_triton=True)
+        resolve_backend("triton", op="op_x", kernels=("pallas", "triton"))
 
 
 def test_unknown_and_unoffered_backends_raise():
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("gpu", op="t")
     with pytest.raises(ValueError, match="backend must be one of"):
-        resolve_backend("triton", op="t", has_triton=False)
+        resolve_backend("triton", op="t")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("interpret", op="t", kernels=("triton",))
 
 
 def test_available_backends():
     names = gpustat.available_backends()
     assert names[-2:] == ("reference", "interpret")
     assert ("pallas" in names) == GPU
+
+
+def _on_a_gpu(monkeypatch, triton: bool):
+    monkeypatch.setattr(_backend, "cuda_gpu_available", lambda: True)
+    monkeypatch.setattr(_backend, "triton_installed", lambda: triton)
+
+
+def test_auto_follows_the_first_matching_rule(monkeypatch):
+    _on_a_gpu(monkeypatch, triton=True)
+    both = ("pallas", "triton")
+    small = _backend.piecewise_shape_class(True, "float32", 1000, True)
+    assert small == "uniform/float32/small/single"
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=small,
+                           kernels=both) == "reference"
+    streaming = _backend.piecewise_shape_class(False, "float32", 1 << 26, True)
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=streaming,
+                           kernels=both) == "triton"
+    multi = _backend.piecewise_shape_class(False, "float32", 1 << 26, False)
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=multi,
+                           kernels=both) == "pallas"
+    # an explicit request is never redirected by the table
+    assert resolve_backend("pallas", op="t", capability="piecewise", shape_class=streaming,
+                           kernels=both) == "pallas"
+    assert resolve_backend("auto", op="t", capability="estimators",
+                           shape_class="scatter") == "reference"
+
+
+def test_auto_without_jax_triton_takes_the_pallas_kernel_or_the_reference(monkeypatch):
+    _on_a_gpu(monkeypatch, triton=False)
+    streaming = _backend.piecewise_shape_class(False, "float32", 1 << 26, True)
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=streaming,
+                           kernels=("pallas", "triton")) == "pallas"
+    assert resolve_backend("auto", op="t", capability="mixture", shape_class="f16x3/p4",
+                           kernels=("triton",)) == "reference"
+
+
+def test_border_classes_pad_the_spare_column(monkeypatch):
+    """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class."""
+    _on_a_gpu(monkeypatch, triton=True)
+    assert _backend.border_shape_class(np.float64, 15) == "float64/k16"
+    assert _backend.border_shape_class(np.float64, 16) == "float64/k32"
+    for shape_class, path in [("float64/k16", "triton"), ("float64/k32", "pallas"),
+                              ("float32/k16", "pallas")]:
+        assert resolve_backend("auto", op="t", capability="border", shape_class=shape_class,
+                               kernels=("pallas", "triton")) == path
+
+
+def test_every_rule_names_a_known_capability_path_and_benchmark():
+    import pathlib
+
+    benches = pathlib.Path(__file__).parents[1] / "benchmarks"
+    for rule in _backend.AUTO_RULES:
+        assert rule.choice in ("reference", "pallas", "triton"), rule
+        assert rule.reason and (benches / f"{rule.benchmark.split(':')[0]}.py").exists(), rule

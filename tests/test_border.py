@@ -9,7 +9,7 @@ import pytest
 
 import gpustat
 from gpustat.border import BorderBatch, BorderSolution, retry_failed, solve_batched_border
-from gpustat.border_layout import BorderLayout
+from gpustat.reference.border import BorderLayout
 from tests.helpers import KERNEL_BACKENDS, assert_close
 from tests.oracles.border_dense import assert_matches_dense
 from tests.oracles.border_fixtures import random_batch, random_pd_atom

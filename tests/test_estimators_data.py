@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gpustat.estimators_data import make_ctr
+from gpustat.estimators._data import make_ctr
 
 
 def test_layout_popularity_and_seed():

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
-from gpustat.fm_train import bucket
+from gpustat.estimators import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators._train import bucket
 
 
 @pytest.mark.parametrize("tx", [lazy_adagrad(0.1, eps=0.0), lazy_adam(0.1, eps=0.0)])

@@ -9,9 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from gpustat import fm_train
-from gpustat.estimators import FMRegressor
-from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators import FMRegressor, ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators import _train as fm_train
 from tests.oracles import fm_trainer as oracle
 
 

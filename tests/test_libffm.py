@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import gpustat
-from gpustat.libffm import dump_libffm, load_libffm
+from gpustat.factorization import dump_libffm, load_libffm
 
 TEXT = """1 0:3:1 1:0:0.5 0:3:2
 

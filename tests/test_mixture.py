@@ -11,8 +11,9 @@ from jax.test_util import check_grads
 from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 
 import gpustat
-from gpustat import mixture, mixture_ops
+from gpustat import mixture
 from gpustat._backend import BackendUnavailableError, cuda_gpu_available
+from gpustat.mixture import _ops as mixture_ops
 from gpustat.reference import mixture as ref
 from tests.helpers import assert_close
 

@@ -11,7 +11,7 @@ import pytest
 from sklearn.mixture._gaussian_mixture import _estimate_gaussian_parameters
 
 from gpustat import mixture
-from gpustat.mixture_params import SuffStats
+from gpustat.mixture import SuffStats
 from tests.helpers import assert_close
 
 

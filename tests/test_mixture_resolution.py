@@ -12,7 +12,7 @@ from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 from sklearn.mixture._gaussian_mixture import _estimate_gaussian_parameters
 
 from gpustat import mixture
-from gpustat.mixture_init import kmeans_plusplus
+from gpustat.mixture import kmeans_plusplus
 from tests.helpers import assert_close
 
 
@@ -27,7 +27,7 @@ def _three_blobs(scale, n=60, seed=0):
 def test_one_point_seeds_equal_sklearn_one_hot_estimates(covariance_type):
     """scikit-learn seeds k-means++ with one-hot responsibilities; its estimates of those
     are the weights, means and covariances to expect (tied differs by design, see
-    gpustat.mixture_init)."""
+    gpustat.mixture._initialize)."""
     X = jnp.asarray(_three_blobs(1.0))
     key = jax.random.key(1)
     seeds = np.asarray(kmeans_plusplus(jax.random.split(key, 1)[0], X, 3))
@@ -83,7 +83,7 @@ def test_a_component_on_one_repeated_point_is_reported_at_any_scale(scale):
 def test_label_sums_equal_numpy_over_ragged_row_chunks():
     """The k-means statistics by chunked one-hot products (a fixed order of additions,
     unlike segment_sum's scatter-add on a GPU) equal numpy's per-label sums."""
-    from gpustat.mixture_init import _ROW_CHUNK, _label_sums
+    from gpustat.mixture._initialize import _ROW_CHUNK, _label_sums
 
     rng = np.random.default_rng(2)
     n = _ROW_CHUNK + 37  # one full chunk and a padded one

@@ -10,7 +10,7 @@ import pytest
 
 from gpustat import mixture
 from gpustat._backend import available_backends
-from gpustat.mixture_params import MixtureParams
+from gpustat.mixture import MixtureParams
 from gpustat.reference import mixture as ref
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,

@@ -8,9 +8,15 @@ from scipy.interpolate import PPoly
 
 import gpustat
 from gpustat import BackendUnavailableError
-from gpustat.piecewise import PiecewisePolynomial, aos_to_soa, ppoly_eval, soa_to_aos
-from gpustat.piecewise_activations import ACTIVATIONS, activation
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise import (
+    ACTIVATIONS,
+    PiecewisePolynomial,
+    activation,
+    aos_to_soa,
+    fit_piecewise,
+    ppoly_eval,
+    soa_to_aos,
+)
 from tests.helpers import assert_close
 
 BP = np.array([-1.0, 0.0, 0.5, 2.0])

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import BPoly, PPoly
 
-from gpustat.piecewise import PiecewisePolynomial
-from gpustat.piecewise_activations import activation
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise import PiecewisePolynomial, activation, fit_piecewise
 
 
 def tanh_derivatives(x):

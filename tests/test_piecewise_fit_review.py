@@ -4,8 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpustat.piecewise_activations import activation
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise import activation, fit_piecewise
 
 
 def test_coefficients_that_overflow_dtype_are_an_error_not_nan():

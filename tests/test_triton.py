@@ -19,13 +19,11 @@ import numpy as np
 import pytest
 from scipy.interpolate import PPoly
 
-import gpustat.triton as gtriton
 from gpustat._backend import BackendUnavailableError
 from gpustat.csr import CSR
 from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
 from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
-from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise import PiecewisePolynomial, fit_piecewise, ppoly_eval
 from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import ppoly_eval_reference
 from tests.helpers import assert_close, assert_within_float32_ulps, tol
@@ -70,11 +68,10 @@ def test_gpustat_works_without_triton_installed():
         sys.modules["triton"] = None  # import triton now fails, find_spec says missing
         sys.modules["jax_triton"] = None
         import jax.numpy as jnp
-        import gpustat.triton
-        from gpustat._backend import BackendUnavailableError, available_backends
+        from gpustat._backend import BackendUnavailableError, available_backends, triton_installed
         from gpustat.piecewise import PiecewisePolynomial
         pp = PiecewisePolynomial(jnp.linspace(0.0, 1.0, 5), jnp.ones((4, 4)))
-        print(float(pp(jnp.asarray(0.625), backend="auto")), gpustat.triton.triton_installed(),
+        print(float(pp(jnp.asarray(0.625), backend="auto")), triton_installed(),
               "triton" in available_backends())
         try:
             pp(jnp.asarray(0.5), backend="triton")
@@ -125,27 +122,12 @@ def test_fm_has_no_triton_kernel():
         fm_predict(P.X, P.w0, P.w, P.V, backend="triton")
 
 
-def test_auto_takes_the_benchmark_winner_only_for_auto_on_pallas(monkeypatch):
-    monkeypatch.setitem(gtriton.AUTO_WINNERS, ("piecewise", "search/float32/streaming"), "triton")
-    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
-    shape_class = gtriton.piecewise_shape_class(False, jnp.float32, 1 << 26)
-    assert shape_class == "search/float32/streaming"
-    assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "triton"
-    assert gtriton.auto_path("pallas", "pallas", "piecewise", shape_class) == "pallas"
-    assert gtriton.auto_path("reference", "auto", "piecewise", shape_class) == "reference"
-    other = gtriton.piecewise_shape_class(True, jnp.float32, 2_000_000)
-    assert ("piecewise", other) not in gtriton.AUTO_WINNERS
-    assert gtriton.auto_path("pallas", "auto", "piecewise", other) == "pallas"
-    monkeypatch.setattr(gtriton, "triton_installed", lambda: False)
-    assert gtriton.auto_path("pallas", "auto", "piecewise", shape_class) == "pallas"
-
-
 def test_auto_takes_triton_only_for_one_polynomial(monkeypatch):
     import gpustat._backend as backend_module
-    import gpustat.piecewise as public
+    import gpustat.piecewise._polynomial as public
 
     monkeypatch.setattr(backend_module, "cuda_gpu_available", lambda: True)
-    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
+    monkeypatch.setattr(backend_module, "triton_installed", lambda: True)
     paths = []
     monkeypatch.setattr(public, "_evaluate_jit",
                         lambda *args: paths.append(args[-1][-1]) or jnp.zeros(()))
@@ -155,25 +137,6 @@ def test_auto_takes_triton_only_for_one_polynomial(monkeypatch):
     ppoly_eval(PiecewisePolynomial(bp, jnp.ones((4, 8, 2))), x)  # trailing axis
     ppoly_eval(PiecewisePolynomial(bp, jnp.ones((4, 8))), x, backend="pallas")
     assert paths == ["triton", "pallas", "pallas"]
-
-
-def test_auto_takes_the_triton_border_kernel_for_float64_borders_up_to_15(monkeypatch):
-    """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class it
-    won; float32 and K = 32 (k_a >= 16) stay on the Pallas kernel."""
-    monkeypatch.setattr(gtriton, "triton_installed", lambda: True)
-    assert gtriton.border_shape_class(np.float64, 15) == "float64/k16"
-    assert gtriton.border_shape_class(np.float64, 16) == "float64/k32"
-    for shape_class, path in [("float64/k16", "triton"), ("float64/k32", "pallas"),
-                              ("float32/k16", "pallas")]:
-        assert gtriton.auto_path("pallas", "auto", "border", shape_class) == path
-    assert gtriton.auto_path("pallas", "pallas", "border", "float64/k16") == "pallas"
-
-
-def test_auto_winners_name_known_paths_and_classes():
-    slashes = {"piecewise": 2, "factorization": 1, "border": 1}
-    for (capability, shape_class), winner in gtriton.AUTO_WINNERS.items():
-        assert capability in slashes and winner == "triton"
-        assert shape_class.count("/") == slashes[capability]
 
 
 # -- compile for CUDA on CPU ------------------------------------------------------------------

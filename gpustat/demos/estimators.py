@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 
 from gpustat.demos import DemoRow, max_rel_error
 from gpustat.estimators import FFMClassifier, FMClassifier, FwFMClassifier
-from gpustat.estimators_data import make_ctr
+from gpustat.estimators._data import make_ctr
 
 CAPABILITY = "estimators"
 

@@ -14,8 +14,7 @@ from scipy import special
 from scipy.interpolate import PPoly
 
 from gpustat.demos import DemoRow, max_rel_error, timed
-from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
-from gpustat.piecewise_activations import activation
+from gpustat.piecewise import PiecewisePolynomial, activation, ppoly_eval
 
 CAPABILITY = "piecewise"
 

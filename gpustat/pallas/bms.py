@@ -36,13 +36,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from gpustat.pallas._common import (
-    compute_dtype,
-    next_pow2,
-    nonempty,
-    pallas_call,
-    register_lowering_case,
-)
+from gpustat._arrays import compute_dtype, next_pow2, nonempty
+from gpustat.pallas._common import pallas_call, register_lowering_case
 from gpustat.reference.bms import (
     AFFINE_TOL,
     CLOSED_FORM_MIN_HALF_WIDTH,

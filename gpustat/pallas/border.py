@@ -46,19 +46,14 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from gpustat.border_layout import BorderLayout
-from gpustat.pallas._common import (
-    compute_dtype,
-    next_pow2,
-    nonempty,
-    pallas_call,
-    register_lowering_case,
-)
+from gpustat._arrays import compute_dtype, next_pow2, nonempty
+from gpustat.pallas._common import pallas_call, register_lowering_case
 from gpustat.reference.border import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
+    BorderLayout,
     gershgorin_bounds,
     gershgorin_ridge_bump,
     schur_overflow,

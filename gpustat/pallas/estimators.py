@@ -24,7 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 from jaxtyping import Array, Float, Int
 
-from gpustat.pallas._common import next_pow2, pad_axis, pallas_call, register_lowering_case
+from gpustat._arrays import next_pow2, pad_axis
+from gpustat.pallas._common import pallas_call, register_lowering_case
 
 __all__ = ["scatter_add_rows"]
 

@@ -44,8 +44,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from gpustat._arrays import next_pow2, nonempty
 from gpustat.csr import CSR
-from gpustat.pallas._common import next_pow2, nonempty, pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call, register_lowering_case
 from gpustat.reference.factorization import (
     assemble_scores,
     score_dtype,

@@ -54,15 +54,15 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gpustat.mixture_params import (
+from gpustat._arrays import next_pow2
+from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas.mixture_labels import LABEL_BLOCKS, label_stats
+from gpustat.reference.mixture import (
     MixtureParams,
     SuffStats,
     full_precision_cholesky,
     log_det_precision_cholesky,
 )
-from gpustat.mixture_validation import check_precision
-from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
-from gpustat.pallas.mixture_labels import LABEL_BLOCKS, label_stats
 
 __all__ = [
     "DEFAULT_BLOCKS",
@@ -131,9 +131,7 @@ DEFAULT_BLOCKS = {
 
 
 def default_blocks(dtype, precision: str) -> dict:
-    """The kernels' default settings for ``dtype`` (float64 has its own) and ``precision``
-    (checked: ValueError naming it when unknown)."""
-    check_precision(precision)
+    """The kernels' default settings for ``dtype`` (float64 has its own) and ``precision``."""
     return DEFAULT_BLOCKS["float64" if jnp.dtype(dtype) == jnp.float64 else precision]
 
 
@@ -499,7 +497,6 @@ def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
 
 def _label_settings(dtype, precision: str, blocks: dict | None) -> dict:
     """The label statistics' settings: the defaults of the dtype and precision, updated."""
-    check_precision(precision)
     precision = "highest" if jnp.dtype(dtype) == jnp.float64 else precision
     return _settings(LABEL_BLOCKS[precision], blocks)
 

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gpustat.mixture_params import SuffStats
-from gpustat.pallas._common import pad_axis, pallas_call, register_lowering_case
+from gpustat._arrays import pad_axis
+from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.reference.mixture import SuffStats
 
 __all__ = ["LABEL_BLOCKS", "label_stats"]
 

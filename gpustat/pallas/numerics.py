@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from gpustat.pallas._common import compute_dtype, pallas_call, register_lowering_case
+from gpustat._arrays import compute_dtype
+from gpustat.pallas._common import pallas_call, register_lowering_case
 from gpustat.reference import numerics as ref
 
 __all__ = ["elementwise"]

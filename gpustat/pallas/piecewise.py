@@ -31,7 +31,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from gpustat.pallas._common import next_pow2, pallas_call, register_lowering_case
+from gpustat._arrays import next_pow2
+from gpustat.pallas._common import pallas_call, register_lowering_case
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES
 
 __all__ = [

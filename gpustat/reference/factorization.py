@@ -18,7 +18,7 @@ With ``f(i)`` the field of feature ``i`` and ``Z`` the nonzero set of a row:
 Each ``*_row`` function scores one padded row; ``*_scores`` vmaps it over every
 bucket of a :class:`~gpustat.csr.CSR` and scatters the scores back to row order.
 Empty rows score ``w0``. These functions are differentiated by ``jax.grad`` in
-the tests to check the hand-written gradient rules of :mod:`gpustat.factorization_grad`.
+the tests to check the hand-written gradient rules of :mod:`gpustat.factorization._vjp`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from gpustat._arrays import compute_dtype
 from gpustat.csr import CSR
-from gpustat.pallas._common import compute_dtype
 
 __all__ = [
     "assemble_scores",

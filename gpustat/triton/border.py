@@ -72,13 +72,13 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from gpustat.border_layout import BorderLayout
-from gpustat.pallas._common import compute_dtype, next_pow2, nonempty
+from gpustat._arrays import compute_dtype, next_pow2, nonempty
 from gpustat.reference.border import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
+    BorderLayout,
 )
 from gpustat.triton._common import CompileCase, launch
 

@@ -32,8 +32,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from gpustat._arrays import next_pow2, nonempty
 from gpustat.csr import CSR
-from gpustat.pallas._common import next_pow2, nonempty
 from gpustat.reference.factorization import assemble_scores, score_dtype
 from gpustat.triton._common import CompileCase, launch
 

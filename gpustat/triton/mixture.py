@@ -36,15 +36,16 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_quadratic import (
+from gpustat._arrays import next_pow2
+from gpustat.pallas.mixture import _over_chunks, _unit_weights  # the Pallas E-step's helpers
+from gpustat.reference.mixture import (
+    MixtureParams,
+    SuffStats,
     n_features,
     quadratic_features,
     quadratic_weights,
     stats_from_quadratic,
 )
-from gpustat.pallas._common import next_pow2
-from gpustat.pallas.mixture import _over_chunks, _unit_weights  # the Pallas E-step's helpers
 from gpustat.triton._common import CompileCase, launch
 
 __all__ = ["COMPILE_CASES", "MAX_COMPONENTS", "log_prob", "suff_stats"]

@@ -56,13 +56,15 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-from gpustat.pallas._common import next_pow2
+from gpustat._arrays import next_pow2
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES
-from gpustat.triton import _STREAMING_POINTS
 from gpustat.triton._common import CompileCase, launch
 
 __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
            "staging_supported", "uniform_rows"]
+
+# x above this many points streams from HBM: the launch tables switch settings
+_STREAMING_POINTS = 1 << 22
 
 # Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points).
 # Shared-memory kernel: the H100 sweeps in

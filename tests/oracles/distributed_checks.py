@@ -39,8 +39,9 @@ BACKENDS = ("reference", "interpret") if os.environ.get("GPUSTAT_DISTRIBUTED_INT
 
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from gpustat import bms, border, distributed, factorization, fm_train, mixture  # noqa: E402
-from gpustat.distributed_core import psum_packed  # noqa: E402
+from gpustat import bms, border, distributed, factorization, mixture  # noqa: E402
+from gpustat.distributed._mesh import psum_packed  # noqa: E402
+from gpustat.estimators import _train as fm_train  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval  # noqa: E402
 
 

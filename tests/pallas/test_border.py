@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from gpustat.border import BorderBatch, retry_failed, solve_batched_border
-from gpustat.border_layout import BorderLayout
 from gpustat.pallas.border import (
     KernelConfig,
     _back_meta,
@@ -16,6 +15,7 @@ from gpustat.pallas.border import (
     plan_buckets,
     solve_border_pallas,
 )
+from gpustat.reference.border import BorderLayout
 from tests.helpers import KernelTests, assert_close
 from tests.oracles.border_dense import assert_matches_dense
 from tests.oracles.border_fixtures import atoms_with_two_bad_rows, random_pd_atom

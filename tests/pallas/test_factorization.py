@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gpustat._arrays import next_pow2
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as kernels
-from gpustat.pallas._common import LOWERING_CASES, next_pow2
+from gpustat.pallas._common import LOWERING_CASES
 from tests.helpers import KernelTests, assert_close, assert_lowers_for_cuda, tol
 from tests.oracles import factorization_oracle as oracle
 from tests.oracles.factorization_cases import make_one_hot_problem, make_problem

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 
-from gpustat import mixture, mixture_ops
-from gpustat.mixture_params import MixtureParams
+from gpustat import mixture
+from gpustat.mixture import MixtureParams
+from gpustat.mixture import _ops as mixture_ops
 from gpustat.pallas import mixture as kernels
 from gpustat.reference import mixture as ref
 from tests.helpers import KernelTests, assert_close, tol

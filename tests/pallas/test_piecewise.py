@@ -8,8 +8,7 @@ from scipy.interpolate import PPoly
 
 import gpustat.piecewise
 from gpustat.pallas.piecewise import eytzinger_order, ppoly_eval_pallas
-from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
-from gpustat.piecewise_activations import activation
+from gpustat.piecewise import PiecewisePolynomial, activation, ppoly_eval
 from gpustat.reference import piecewise as ref
 from tests.helpers import KernelTests, assert_close, assert_within_float32_ulps, tol
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpustat.csr import CSR, dense_as_csr
-from gpustat.factorization_grad import scores_with_vjp
+from gpustat.factorization._vjp import scores_with_vjp
 from gpustat.reference import factorization as ref
 from tests.helpers import assert_close, tol
 from tests.oracles import factorization_oracle as oracle

@@ -12,7 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.mixture import GaussianMixture as SklearnGaussianMixture
 
 from gpustat import mixture
-from gpustat.mixture_params import MixtureParams, SuffStats
+from gpustat.mixture import MixtureParams, SuffStats
 from gpustat.reference import mixture as ref
 from tests.helpers import assert_close, tol
 

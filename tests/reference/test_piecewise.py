@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import PPoly
 
-from gpustat.piecewise_activations import ACTIVATIONS
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise import ACTIVATIONS, fit_piecewise
 from gpustat.reference import piecewise as ref
 from tests.helpers import assert_close, assert_within_float32_ulps, tol
 

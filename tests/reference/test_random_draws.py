@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from gpustat import random_draws
+from gpustat.mixture import _random as random_draws
 
 DRAWS = 20_000
 

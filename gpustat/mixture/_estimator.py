@@ -25,22 +25,16 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from gpustat._checks import is_int
-from gpustat.mixture_fit import (
-    STATUS_OK,
-    fit_em,
-    online_em_init,
-    online_em_step,
-    online_params,
-)
-from gpustat.mixture_init import INIT_METHODS, initialize
-from gpustat.mixture_ops import log_prob, mvn_logpdf
-from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
-from gpustat.mixture_validation import (
+from gpustat.mixture._em import STATUS_OK, fit_em, online_em_init, online_em_step, online_params
+from gpustat.mixture._initialize import INIT_METHODS, initialize
+from gpustat.mixture._ops import log_prob, mvn_logpdf
+from gpustat.mixture._validation import (
     PRECISION_CHOICES,
     check_data,
     check_positive_definite,
     integers_as_float,
 )
+from gpustat.reference.mixture import COVARIANCE_TYPES, MixtureParams
 
 __all__ = ["ConvergenceWarning", "GaussianMixture"]
 

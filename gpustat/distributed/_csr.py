@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat.csr import CSR, RowBuckets
-from gpustat.distributed_core import mesh_size, row_axis
+from gpustat.distributed._mesh import mesh_size, row_axis
 
 __all__ = ["ShardedCSR", "shard_csr"]
 

@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from gpustat._backend import available_backends, resolve_backend
-from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_validation import (
+from gpustat._backend import resolve_backend
+from gpustat.mixture._validation import (
     check_data,
     check_labels,
     check_params,
@@ -39,6 +38,7 @@ from gpustat.mixture_validation import (
 )
 from gpustat.pallas import mixture as _kernels
 from gpustat.reference import mixture as _reference
+from gpustat.reference.mixture import MixtureParams, SuffStats
 
 __all__ = [
     "log_prob",
@@ -66,20 +66,15 @@ def resolve_mixture_backend(backend: str, n_features: int, op: str,
         if backend in ("pallas", "interpret"):
             raise ValueError(f"mixture.{op}: precision='f16x3' runs on backend='triton' "
                              f"(or 'auto', 'reference'), got {backend=!r}")
-        if backend == "auto":
-            backend = "triton" if "triton" in available_backends() else "reference"
     elif backend == "triton" and op in TRITON_OPS:
         raise ValueError(f"mixture.{op}: backend='triton' computes the E-step at "
                          f"precision='f16x3'; pass it explicitly, got {precision=!r}")
-    # "auto" runs the kernels on a CUDA GPU: on an H100 at n=1e6, p=16, k=256
-    # (benchmarks/results/nvidia-h100-80gb-hbm3/mixture.jsonl, commit 21aa167) one float32
-    # EM iteration took 7.0 ms at precision="highest" against 40.8 ms for XLA's chunked
-    # reference, and in float64 the kernels beat the reference ~5x per EM iteration and
-    # ~8x per density pass and Gibbs label draw (docs/mixture.md).
+    kernels = ("triton",) if precision == "f16x3" else ("pallas",)
     return resolve_backend(
-        backend, op=f"mixture.{op}", kernel_supports=n_features <= _kernels.MAX_FEATURES,
+        backend, op=f"mixture.{op}", capability="mixture", shape_class=f"{precision}/p{n_features}",
+        kernels=kernels, kernel_supports=n_features <= _kernels.MAX_FEATURES,
         unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "
-                           f"p={n_features}", has_triton=op in TRITON_OPS)
+                           f"p={n_features}")
 
 
 def _prepare(X, params, op, backend, precision):

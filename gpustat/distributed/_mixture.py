@@ -26,8 +26,8 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float
 
 from gpustat import mixture
-from gpustat.distributed_core import pad_rows, padded_rows, row_axis
-from gpustat.mixture_validation import (
+from gpustat.distributed._mesh import pad_rows, padded_rows, row_axis
+from gpustat.mixture._validation import (
     check_data,
     check_params,
     check_reg_covar,

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpustat._checks import check_int
-from gpustat.piecewise import PiecewisePolynomial, _real_float64, _taylor_shift
+from gpustat.piecewise._polynomial import PiecewisePolynomial, _real_float64, _taylor_shift
 
 __all__ = ["FIT_METHODS", "PiecewiseFit", "fit_piecewise"]
 

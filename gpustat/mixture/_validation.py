@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
+from gpustat.reference.mixture import COVARIANCE_TYPES, MixtureParams
 
 __all__ = ["PRECISION_CHOICES", "check_data", "check_labels", "check_params", "check_precision",
            "check_sample_weight", "integers_as_float", "is_concrete"]

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import bms
-from gpustat.distributed_core import check_blocks, mesh_size, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, row_axis
 
 __all__ = ["ShardedBmsRows", "row_derivatives", "shard_bms_rows"]
 

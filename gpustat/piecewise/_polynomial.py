@@ -27,10 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from gpustat._backend import resolve_backend
+from gpustat._backend import piecewise_shape_class, resolve_backend
 from gpustat._checks import is_int
 from gpustat.reference import piecewise as ref
-from gpustat.triton import auto_path, piecewise_shape_class
 
 __all__ = [
     "EXTRAPOLATE_MODES",
@@ -47,14 +46,8 @@ EXTRAPOLATE_MODES = ref.EXTRAPOLATE_MODES
 _UNIFORM_SLACK = 0.25
 
 
-# Measured on an H100 (benchmarks/results/nvidia-h100-80gb-hbm3/piecewise.jsonl):
-# at N = 2e6 with uniform breakpoints XLA's fusion of the uniform-index reference
-# took 0.044 ms per call vs 0.049 ms for the kernel, so "auto" takes XLA there;
-# at N = 2^26 the kernel is 1.7x faster, and with a search it wins at every size.
-_XLA_UNIFORM_MAX_N = 1 << 21
-# float16/bfloat16 x with at least this many points is evaluated through a table of
-# the polynomial at all 65,536 16-bit values (see _dispatch): above it the lookup
-# measured faster than evaluating each point.
+# float16/bfloat16 x with at least this many points is evaluated through a table of the
+# polynomial at all 65,536 16-bit values (see _dispatch): the lookup reads 2 bytes a point.
 _TABLE_LOOKUP_MIN_POINTS = 1 << 22
 
 
@@ -397,11 +390,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
             float16 and bfloat16 compute in float32 (coefficients are cast to the
             compute dtype); integer and bool x compute in ``pp.dtype``.
         nu: derivative order >= 0 (use ``pp.antiderivative`` for integrals).
-        backend: "auto" (Pallas kernel on a CUDA GPU, except for uniform
-            breakpoints and x.size <= 2^21, where XLA's fusion of the reference
-            measured faster; for one polynomial (no trailing axes) the jax-triton
-            kernel where ``gpustat.triton.AUTO_WINNERS`` says it is faster; the
-            reference elsewhere), "pallas", "triton", "interpret" or "reference".
+        backend: "auto" (on a CUDA GPU the kernel that ``gpustat._backend.AUTO_RULES``
+            names for the call's class, the reference elsewhere), "pallas", "triton",
+            "interpret" or "reference".
 
     Returns:
         (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
@@ -425,12 +416,9 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     cdt = _compute_dtype(x.dtype, pp.dtype)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(cdt)
-    path = resolve_backend(backend, op="ppoly_eval", has_triton=True)
-    if pp.coeffs.ndim == 2:  # the Triton sweeps measured single polynomials only
-        shape_class = piecewise_shape_class(pp.uniform, x.dtype, x.size)
-        path = auto_path(path, backend, "piecewise", shape_class)
-    if backend == "auto" and path == "pallas" and pp.uniform and x.size <= _XLA_UNIFORM_MAX_N:
-        path = "reference"
+    shape_class = piecewise_shape_class(pp.uniform, x.dtype, x.size, pp.coeffs.ndim == 2)
+    path = resolve_backend(backend, op="ppoly_eval", capability="piecewise",
+                           shape_class=shape_class, kernels=("pallas", "triton"))
     if _is_concrete(pp.breakpoints, pp.coeffs):
         # A constant polynomial (also one closed over inside jit): derive its
         # operands now, so the kernel tables are built once on the host.

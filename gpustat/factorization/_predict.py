@@ -19,7 +19,7 @@ CSR input). Parameters with a leading class axis ``c`` give ``(n, c)`` logits.
 
 **Gradients** (what training calls): every ``*_predict`` is differentiable with
 ``jax.grad``/``jax.vjp`` with respect to ``w0, w, V, R`` and the values of ``X``
-through a custom VJP (:func:`gpustat.factorization_grad.scores_with_vjp`) whose
+through a custom VJP (:func:`gpustat.factorization._vjp.scores_with_vjp`) whose
 backward is the closed form of the scores, never autodiff through a kernel. To
 differentiate with respect to a CSR's values use ``X.with_data(d)``.
 
@@ -38,12 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from gpustat._backend import resolve_backend
+from gpustat._backend import factorization_shape_class, resolve_backend
 from gpustat.csr import CSR, check_field_ids, dense_as_csr
-from gpustat.factorization_grad import scores_with_vjp
+from gpustat.factorization._vjp import scores_with_vjp
 from gpustat.pallas import factorization as kernels
 from gpustat.reference import factorization as reference
-from gpustat.triton import auto_path, factorization_shape_class
 
 __all__ = ["CSR", "ffm_predict", "fm_predict", "fwfm_predict"]
 
@@ -173,14 +172,10 @@ def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
 def _predict(op: str, model: str, X, field_ids, w0, w, V, R, backend: str):
     rows = _as_rows(op, X)
     params, n_classes = _check_params(op, model, rows.shape[1], field_ids, w0, w, V, R)
-    # "auto" takes the Pallas kernels on a CUDA GPU: each beat XLA's reference at the
-    # issue's CTR shape (H100 run of commit c7ea0c2, benchmarks/results/
-    # nvidia-h100-80gb-hbm3/factorization.jsonl: FM 1.12 vs 8.81 ms, FFM 7.18 vs 23.0 ms,
-    # FwFM 1.38 ms with a field-slot table or 3.50 ms on row buckets vs 5.22 ms); FFM in
-    # float64 takes the Triton kernel where gpustat.triton.AUTO_WINNERS says it won.
-    path = resolve_backend(backend, op=op, has_triton=model != "fm")
     dtype = reference.score_dtype(rows.data, *(a for a in params[1:] if a is not None))
-    path = auto_path(path, backend, "factorization", factorization_shape_class(model, dtype))
+    path = resolve_backend(backend, op=op, capability="factorization",
+                           shape_class=factorization_shape_class(model, dtype),
+                           kernels=("pallas",) if model == "fm" else ("pallas", "triton"))
     return _compiled_scores(model, path, n_classes is not None)(rows, *params)
 
 

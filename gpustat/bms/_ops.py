@@ -45,7 +45,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from gpustat._backend import resolve_backend
 from gpustat._checks import check_float64_enabled, is_int
-from gpustat.bms_rows import BmsRows, build_row_arrays, flat_cubic_basis
+from gpustat.bms._rows import BmsRows, build_row_arrays, flat_cubic_basis
 from gpustat.pallas import bms as kernels
 from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference import bms as reference
@@ -315,9 +315,6 @@ def row_derivatives(rows: BmsRows, *, backend: str = "auto") -> RowDerivatives:
     """
     _check_rows(rows)
     r = rows.r
-    # "auto" runs the kernel: 7.79 / 8.25 ms against XLA's 61.5 / 61.8 ms (7.9x / 7.5x) on
-    # an H100 at n = 195k rows, r = 20, 23 cells per row, float64, in two runs whose gpu
-    # tests passed (commits 07c5f51, 69cc513; benchmarks/results/nvidia-h100-80gb-hbm3).
     path = resolve_backend(backend, op="bms.row_derivatives", kernel_supports=r <= KERNEL_MAX_R,
                            unsupported_reason=f"the kernel holds (r, r) tiles up to r = "
                                               f"{KERNEL_MAX_R}, got r={r}")

@@ -38,9 +38,9 @@ import numpy as np
 import optax
 import scipy.sparse as sp
 
+from gpustat._arrays import next_pow2
 from gpustat._backend import resolve_backend
-from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
-from gpustat.pallas._common import next_pow2
+from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 from gpustat.pallas.estimators import scatter_add_rows
 from gpustat.reference.estimators import scatter_add_rows_reference
 
@@ -418,13 +418,6 @@ def decision_scores(model: str, params, data: DeviceRows) -> jax.Array:
 
 
 def scatter_backend(backend: str) -> str:
-    """Resolve the estimators' ``backend=`` to the gradient scatter's path.
-
-    ``"auto"`` takes XLA's scatter-add: on an H200 it beat the Pallas kernel by
-    3-8 % at the CTR anchor shapes (batch 4096 x 16 nonzeros; FM 4.54 vs 4.72 ms,
-    FFM 15.07 vs 15.49 ms, FwFM 6.14 vs 6.66 ms per 200k-row epoch,
-    ``benchmarks/results/nvidia-h200/estimators.jsonl``). ``"pallas"`` and
-    ``"interpret"`` run the kernel.
-    """
-    resolved = resolve_backend(backend, op="estimators.fit")
-    return "reference" if backend == "auto" else resolved
+    """Resolve the estimators' ``backend=`` to the gradient scatter's path."""
+    return resolve_backend(backend, op="estimators.fit", capability="estimators",
+                           shape_class="scatter")

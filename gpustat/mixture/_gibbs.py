@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from gpustat import mixture_ops, random_draws
 from gpustat._checks import check_int
-from gpustat.mixture_init import initialize
-from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import (
+from gpustat.mixture import _ops as mixture_ops
+from gpustat.mixture import _random as random_draws
+from gpustat.mixture._initialize import initialize
+from gpustat.mixture._priors import (
     NIWPrior,
     StickBreakingPrior,
     check_component_prior,
@@ -37,7 +37,8 @@ from gpustat.mixture_priors import (
     niw_posterior,
     stick_weights,
 )
-from gpustat.mixture_validation import check_data, check_params, check_precision
+from gpustat.mixture._validation import check_data, check_params, check_precision
+from gpustat.reference.mixture import MixtureParams, SuffStats
 
 __all__ = ["GibbsResult", "GibbsState", "fit_gibbs", "gibbs_sweep", "sample_niw_posterior",
            "sample_sticks"]

@@ -3,8 +3,8 @@ mixture statistics and the BMS joint operators.
 
 Each function takes the single-device op's arguments plus a 1-D ``mesh`` and runs
 that op on every device's block of rows under ``jax.shard_map``
-(:func:`~gpustat.distributed_core.map_rows` for per-row outputs, which stay
-sharded; :func:`~gpustat.distributed_core.sum_rows` for reductions, one ``psum``).
+(:func:`~gpustat.distributed.map_rows` for per-row outputs, which stay
+sharded; :func:`~gpustat.distributed.sum_rows` for reductions, one ``psum``).
 Validation, dispatch and the Pallas kernels are the single-device op's own:
 ``backend`` is passed through unchanged. All work under ``jax.jit``.
 """
@@ -17,9 +17,9 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float
 
 from gpustat import bms, factorization, mixture, piecewise
-from gpustat.distributed_core import check_blocks, map_rows, row_axis, sum_rows
-from gpustat.distributed_csr import ShardedCSR, shard_csr
-from gpustat.mixture_validation import check_data, check_params, check_sample_weight
+from gpustat.distributed._csr import ShardedCSR, shard_csr
+from gpustat.distributed._mesh import check_blocks, map_rows, row_axis, sum_rows
+from gpustat.mixture._validation import check_data, check_params, check_sample_weight
 
 __all__ = [
     "ffm_predict",
@@ -95,7 +95,7 @@ def fm_predict(X, w0, w, V, mesh: Mesh, *, backend: str = "auto") -> Array:
     """:func:`gpustat.factorization.fm_predict` with the rows of X split over the mesh.
 
     Args:
-        X: :class:`~gpustat.distributed_csr.ShardedCSR` (from :func:`shard_csr`, built
+        X: :class:`~gpustat.distributed.ShardedCSR` (from :func:`shard_csr`, built
             once and reused), a CSR / scipy sparse matrix (split on every call), or a
             dense (n, p) array.
         w0, w, V: parameters as for the single-device op, replicated on every device.

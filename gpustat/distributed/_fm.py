@@ -1,12 +1,12 @@
 """Data-parallel FM / FFM / FwFM training: rows split over a mesh, parameters replicated.
 
 Each device holds a block of the training rows (the padded-row layout of
-:func:`gpustat.fm_train.to_device_rows`) and walks its own row order in local
+:func:`gpustat.estimators._train.to_device_rows`) and walks its own row order in local
 batches of ``batch_size / D`` rows. Per global batch, every device computes the
-gradient of its rows with the single-device math of :mod:`gpustat.fm_train`
+gradient of its rows with the single-device math of :mod:`gpustat.estimators._train`
 (scores, loss derivative, sparse scatter to the dense gradient tables, Pallas
 scatter on GPUs), scaled by the **global** batch row count; one all-reduce
-(:func:`~gpustat.distributed_core.psum_packed`) adds the gradients, the touched
+(:func:`~gpustat.distributed._mesh.psum_packed`) adds the gradients, the touched
 masks and the loss, and the optax step runs replicated, so every device keeps
 identical parameters (a synchronous data-parallel all-reduce, as in PyTorch DDP).
 
@@ -28,8 +28,8 @@ import optax
 import scipy.sparse as sp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gpustat import fm_train
-from gpustat.distributed_core import check_blocks, mesh_size, psum_packed, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, psum_packed, row_axis
+from gpustat.estimators import _train as fm_train
 
 __all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
 
@@ -41,7 +41,7 @@ class ShardedRows:
     rows (the larger blocks first).
 
     Attributes:
-        rows: :class:`~gpustat.fm_train.DeviceRows` whose arrays carry a leading (D,)
+        rows: :class:`~gpustat.estimators._train.DeviceRows` whose arrays carry a leading (D,)
             axis (sharded over the mesh); each block's last row is padding (weight 0).
         n_local: static real rows of the largest block.
         n_rows: static total real rows n.
@@ -204,17 +204,17 @@ def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows,
     """One data-parallel epoch: every device walks its block in ``local_orders[device]``.
 
     Args:
-        cfg: static settings (:class:`~gpustat.fm_train.TrainConfig`); ``cfg.batch_size``
+        cfg: static settings (:class:`~gpustat.estimators._train.TrainConfig`); ``cfg.batch_size``
             is the global batch B and must be a multiple of the device count D.
         params, opt_state: replicated parameters (internal layout of
-            :mod:`gpustat.fm_train`) and optimizer state.
+            :mod:`gpustat.estimators._train`) and optimizer state.
         data: :class:`ShardedRows` from :func:`shard_training_rows` on the same mesh.
         local_orders: D arrays of local row ids (a permutation of each block's rows).
         mesh: 1-D mesh.
 
     Returns:
         ``(params, opt_state, weighted loss sum)`` replicated; equal to
-        :func:`gpustat.fm_train.train_epoch` over :func:`global_order`.
+        :func:`gpustat.estimators._train.train_epoch` over :func:`global_order`.
     """
     check_blocks("data", data.rows.weight.shape[0], mesh)
     d = mesh_size(mesh)

@@ -2,7 +2,7 @@
 
 Atoms are independent, so a batch scales over devices by giving each device a
 share of the atoms. ``shard_map`` runs one program everywhere, which needs one
-static :class:`~gpustat.border_layout.BorderLayout` for every device. The plan
+static :class:`~gpustat.reference.border.BorderLayout` for every device. The plan
 (host-side, once per batch structure):
 
 * atoms are grouped by **type** ``(n_a, k_a)``; each type's atoms are dealt
@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import border
-from gpustat.distributed_core import check_blocks, mesh_size, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, row_axis
 
 __all__ = ["BorderPlan", "ShardedBorderBatch", "ShardedBorderSolution", "shard_border_batch",
            "solve_batched_border"]

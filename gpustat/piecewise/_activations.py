@@ -1,7 +1,7 @@
 """Ready-made piecewise-polynomial activations with asymptotic tails.
 
 Each activation is fitted once per (name, P, D, dtype) by
-:func:`gpustat.piecewise_fit.fit_piecewise` (Chebyshev nodes, uniform
+:func:`gpustat.piecewise.fit_piecewise` (Chebyshev nodes, uniform
 breakpoints) on its domain, with one extra piece on each side holding the
 function's asymptote. Domains end where the asymptote is within ~4e-8 of the
 function (e.g. 20 e^-20 for SiLU), so the jump onto a tail is below the P = 256
@@ -22,8 +22,8 @@ import numpy as np
 from scipy import special
 
 from gpustat._checks import check_int
-from gpustat.piecewise import PiecewisePolynomial
-from gpustat.piecewise_fit import fit_piecewise
+from gpustat.piecewise._fit import fit_piecewise
+from gpustat.piecewise._polynomial import PiecewisePolynomial
 
 __all__ = ["ACTIVATIONS", "ActivationSpec", "activation"]
 

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from gpustat.mixture_params import SuffStats
-from gpustat.mixture_validation import check_positive_definite, is_concrete
+from gpustat.mixture._validation import check_positive_definite, is_concrete
+from gpustat.reference.mixture import SuffStats
 
 __all__ = ["DirichletPrior", "NIWPrior", "StickBreakingPrior", "check_component_prior",
            "check_weight_prior", "niw_posterior", "stick_weights"]

@@ -23,18 +23,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from gpustat import mixture_ops
 from gpustat._checks import check_int
-from gpustat.mixture_mstep import m_step
-from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import (
+from gpustat.mixture import _ops as mixture_ops
+from gpustat.mixture._mstep import m_step
+from gpustat.mixture._priors import (
     DirichletPrior,
     NIWPrior,
     StickBreakingPrior,
     check_component_prior,
     check_weight_prior,
 )
-from gpustat.mixture_validation import (
+from gpustat.mixture._validation import (
     check_data,
     check_params,
     check_precision,
@@ -42,6 +41,7 @@ from gpustat.mixture_validation import (
     check_sample_weight,
     is_concrete,
 )
+from gpustat.reference.mixture import MixtureParams, SuffStats
 
 __all__ = [
     "STATUS_ILL_DEFINED_COVARIANCE",

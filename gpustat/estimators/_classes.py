@@ -3,10 +3,10 @@
 ``FMClassifier``/``FMRegressor`` (Rendle 2010), ``FFMClassifier``/``FFMRegressor``
 (Juan et al. 2016) and ``FwFMClassifier``/``FwFMRegressor`` (Pan et al. 2018)
 with modern_fm's constructor names. Parameters and optimizer state stay on the
-device; one epoch is one compiled program (:mod:`gpustat.fm_train`); the
+device; one epoch is one compiled program (:mod:`gpustat.estimators._train`); the
 sparse batch gradient is accumulated by a Pallas scatter-add kernel on a CUDA
 GPU; optax drives the update with the lazy transformations of
-:mod:`gpustat.fm_optim` (or any optax transformation the user passes).
+:mod:`gpustat.estimators._optim` (or any optax transformation the user passes).
 
 Scores of a row x with nonzero set Z (feature i in field f(i)):
 
@@ -49,9 +49,9 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from gpustat import fm_train
 from gpustat._checks import check_int, check_real
-from gpustat.fm_optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators import _train as fm_train
+from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 
 __all__ = [
     "FFMClassifier",

@@ -19,10 +19,14 @@ import jax
 import jax.numpy as jnp
 
 from gpustat._checks import check_int, check_real
-from gpustat.mixture_mstep import m_step
-from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams, SuffStats
-from gpustat.mixture_validation import check_data
-from gpustat.reference.mixture import suff_stats_from_responsibilities
+from gpustat.mixture._mstep import m_step
+from gpustat.mixture._validation import check_data
+from gpustat.reference.mixture import (
+    COVARIANCE_TYPES,
+    MixtureParams,
+    SuffStats,
+    suff_stats_from_responsibilities,
+)
 
 __all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gpustat.mixture_params import MixtureParams, SuffStats
-from gpustat.mixture_priors import (
+from gpustat.mixture._priors import (
     DirichletPrior,
     NIWPrior,
     StickBreakingPrior,
@@ -31,8 +30,9 @@ from gpustat.mixture_priors import (
     check_weight_prior,
     niw_posterior,
 )
-from gpustat.mixture_priors import stick_weights as _stick_weights
-from gpustat.mixture_validation import check_reg_covar
+from gpustat.mixture._priors import stick_weights as _stick_weights
+from gpustat.mixture._validation import check_reg_covar
+from gpustat.reference.mixture import MixtureParams, SuffStats
 
 __all__ = ["m_step"]
 
