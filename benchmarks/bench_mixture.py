@@ -52,7 +52,7 @@ from gpustat.mixture import (
     sample_sticks,
 )
 from gpustat.pallas import mixture as kernels
-from gpustat.pallas.mixture_labels import LABEL_BLOCKS
+from gpustat.pallas.mixture import LABEL_BLOCKS
 from gpustat.reference import mixture as ref
 from gpustat.reference.mixture import (
     n_features,

@@ -34,9 +34,9 @@ from benchmarks.harness import (
     x64_for,
 )
 from gpustat._backend import cuda_gpu_available
-from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
+from gpustat.pallas.piecewise import ppoly_eval_tables
 from gpustat.piecewise import PiecewisePolynomial
-from gpustat.reference.piecewise import ppoly_eval_reference
+from gpustat.reference.piecewise import kernel_tables, ppoly_eval_reference
 
 NUM_PIECES, DEGREE = 256, 3
 BIG, TORCHPACE_N = 1 << 26, 2_000_000

@@ -45,10 +45,10 @@ from benchmarks.harness import (
 from gpustat._backend import cuda_gpu_available
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as pallas_fm
-from gpustat.pallas.piecewise import guide_tables, kernel_tables, ppoly_eval_tables, side_rows
+from gpustat.pallas.piecewise import ppoly_eval_tables
 from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
 from gpustat.reference import factorization as reference_fm
-from gpustat.reference.piecewise import ppoly_eval_reference
+from gpustat.reference.piecewise import guide_tables, kernel_tables, ppoly_eval_reference, side_rows
 
 NUM_PIECES, DEGREE = 256, 3
 # Triton launch settings tried per piecewise case: (tables, block_n, num_warps, chunks,

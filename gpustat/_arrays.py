@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["compute_dtype", "next_pow2", "nonempty", "pad_axis"]
+__all__ = ["compute_dtype", "next_pow2", "nonempty", "over_row_chunks", "pad_axis", "row_weights"]
 
 
 def next_pow2(n: int) -> int:
@@ -42,3 +42,29 @@ def nonempty(x: jax.Array, axis: int = 0) -> jax.Array:
     shape = list(x.shape)
     shape[axis] = 1
     return jnp.zeros(shape, x.dtype)
+
+
+def over_row_chunks(chunk_fn, rows_per_chunk, arrays):
+    """``chunk_fn`` over row chunks of ``arrays`` (first axis n): the sum of its first output
+    (a pytree) and the concatenation of the others (per-row arrays). The last chunk is
+    padded with zeros (the callers' zero weights make padded rows count for nothing)."""
+    n = arrays[0].shape[0]
+    if n <= rows_per_chunk:
+        return chunk_fn(*arrays)
+    n_chunks = -(-n // rows_per_chunk)
+    chunks = [jnp.pad(a, [(0, n_chunks * rows_per_chunk - n)] + [(0, 0)] * (a.ndim - 1))
+              .reshape(n_chunks, rows_per_chunk, *a.shape[1:]) for a in arrays]
+    shapes = jax.eval_shape(chunk_fn, *(c[0] for c in chunks))
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
+
+    def body(total, chunk):
+        total_c, *rows = chunk_fn(*chunk)
+        return jax.tree.map(jnp.add, total, total_c), rows
+
+    total, rows = jax.lax.scan(body, zero, chunks)
+    return (total, *(r.reshape(-1, *r.shape[2:])[:n] for r in rows))
+
+
+def row_weights(X, sample_weight):
+    """(n,) row weights in X's dtype: ones when ``sample_weight`` is None."""
+    return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)

@@ -22,10 +22,9 @@ from scipy.interpolate import PPoly
 from gpustat._backend import BackendUnavailableError
 from gpustat.csr import CSR
 from gpustat.factorization import ffm_predict, fm_predict, fwfm_predict
-from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
 from gpustat.piecewise import PiecewisePolynomial, fit_piecewise, ppoly_eval
 from gpustat.reference import factorization as fref
-from gpustat.reference.piecewise import ppoly_eval_reference
+from gpustat.reference.piecewise import guide_tables, kernel_tables, ppoly_eval_reference, side_rows
 from tests.helpers import assert_close, assert_within_float32_ulps, tol
 from tests.oracles import factorization_oracle as oracle
 from tests.oracles.factorization_cases import make_problem

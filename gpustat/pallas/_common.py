@@ -8,19 +8,14 @@ partial edge blocks are not masked for us, gathers work only on refs, and
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 __all__ = [
-    "LOWERING_CASES",
-    "LoweringCase",
     "compiler_params",
     "pallas_call",
-    "register_lowering_case",
 ]
 
 
@@ -38,27 +33,3 @@ def pallas_call(kernel: Callable, *, interpret: bool, num_warps: int = 4, num_st
         compiler_params=compiler_params(num_warps, num_stages),
         **kwargs,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class LoweringCase:
-    """One call of a kernel wrapper to be lowered for CUDA on a CPU machine.
-
-    ``fn`` takes arrays positionally (static settings bound with a closure);
-    ``args`` are ``jax.ShapeDtypeStruct``s. The test suite lowers every
-    registered case (``tests/pallas/test_lowering.py``).
-    """
-
-    module: str
-    name: str
-    fn: Callable
-    args: Sequence[jax.ShapeDtypeStruct]
-
-
-LOWERING_CASES: list[LoweringCase] = []
-
-
-def register_lowering_case(module: str, name: str, fn: Callable,
-                           args: Sequence[jax.ShapeDtypeStruct]) -> None:
-    """Record a kernel call whose CUDA lowering the tests must check."""
-    LOWERING_CASES.append(LoweringCase(module, name, fn, tuple(args)))

@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype, next_pow2, nonempty
-from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call
 from gpustat.reference.bms import (
     AFFINE_TOL,
     CLOSED_FORM_MIN_HALF_WIDTH,
@@ -634,30 +634,3 @@ def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 16, nu
 
 
 # ----------------------------------------------------------------------------- lowering cases
-
-
-def _register_lowering_cases() -> None:
-    def sds(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype)
-
-    n, n_cells, r, p_m, p_g = 5, 23, 20, 14, 12
-    for dtype in (jnp.float32, jnp.float64):
-        name = jnp.dtype(dtype).name
-        register_lowering_case(
-            "bms", f"cell_moments_{name}", cell_moments,
-            [sds((n_cells,), dtype), sds((n_cells,), dtype), sds((n_cells, 4), dtype)])
-        register_lowering_case(
-            "bms", f"row_derivatives_{name}", row_derivatives,
-            [sds((n + 1,), jnp.int32), sds((n_cells, 4), dtype), sds((n_cells, 10), dtype),
-             sds((n_cells,), jnp.int32), sds((n_cells, r, 4), dtype), sds((n_cells, r, 4), dtype),
-             sds((n_cells, r - 1, 4), dtype)] + [sds((n,), dtype)] * 5
-            + [sds((n, r), dtype)] * 2 + [sds((n, r, r), dtype)] + [sds((n,), dtype)] * 2)
-        design = [sds((n, r, r), dtype), sds((n, p_m), dtype), sds((n, p_g), dtype)]
-        p_total = p_m + p_g + r - 2
-        register_lowering_case("bms", f"joint_hvp_{name}", joint_hvp,
-                               [*design, sds((MAX_RHS, p_total), dtype)])
-        register_lowering_case("bms", f"joint_diagonal_{name}", joint_diagonal, design)
-        register_lowering_case("bms", f"joint_dense_{name}", joint_dense, design)
-
-
-_register_lowering_cases()

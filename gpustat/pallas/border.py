@@ -47,7 +47,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype, next_pow2, nonempty
-from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call
 from gpustat.reference.border import (
     STATUS_NONFINITE,
     STATUS_OK,
@@ -56,6 +56,7 @@ from gpustat.reference.border import (
     BorderLayout,
     gershgorin_bounds,
     gershgorin_ridge_bump,
+    row_bump,
     schur_overflow,
 )
 
@@ -226,19 +227,6 @@ def _solve_transposed(L, inv_diag, w):
     return x
 
 
-def _row_bump(h, ridge, d, unit_roundoff):
-    """Gershgorin ridge bump of every row's unridged block ``h`` (spec B.5), ``(R,)``."""
-    gap = scale = radius = None
-    for p in range(d):
-        diag = h[(p, p)]
-        off = sum((jnp.abs(h[(max(p, q), min(p, q))]) for q in range(d) if q != p), start=0.0)
-        row_gap, row_radius = diag - off, jnp.abs(diag) + off
-        gap = row_gap if gap is None else jnp.minimum(gap, row_gap)
-        scale = jnp.abs(diag) if scale is None else jnp.maximum(scale, jnp.abs(diag))
-        radius = row_radius if radius is None else jnp.maximum(radius, row_radius)
-    return gershgorin_ridge_bump(gap, jnp.maximum(scale, 1.0), radius, ridge, d, unit_roundoff)
-
-
 def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
     """Gershgorin bump of the atom's first failing row (0 when none): its ``H_tt`` block
     is read again, broadcast over ``R`` lanes, only in atoms that have one (a failing row
@@ -246,7 +234,7 @@ def _failing_row_bump(htt_ref, row0, first_bad, ridge, d, R, unit_roundoff):
     def bump():
         lane_bad = first_bad + jnp.zeros((R,), jnp.int32)
         h = _load_row_blocks(htt_ref, row0 + lane_bad, lane_bad >= 0, d)
-        return jnp.max(_row_bump(h, ridge, d, unit_roundoff))
+        return jnp.max(row_bump(h, ridge, d, unit_roundoff))
 
     return jax.lax.cond(first_bad < _NO_ROW, bump, lambda: ridge * 0.0)
 
@@ -576,19 +564,3 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     delta_beta = jnp.concatenate(beta_pad)[beta_index]
     delta_t = delta_t[:layout.num_rows * d].reshape(layout.num_rows, d)
     return delta_t, delta_beta, log_det, status, row, bump
-
-
-def _register_lowering_cases() -> None:
-    """One small ragged layout per dtype: one-chunk atoms (K 16 and 32) and streamed atoms."""
-    layout = BorderLayout(2, np.array([3, 40, 1, 20, 200]), np.array([2, 5, 1, 20, 17]))
-    for dtype in (jnp.float32, jnp.float64):
-        sizes = layout.packed_sizes()
-        args = [jax.ShapeDtypeStruct(sizes[name], dtype)
-                for name in ("H_tt", "H_tb", "g_t", "H_bb", "g_b")]
-        args += [jax.ShapeDtypeStruct((layout.num_atoms,), dtype)] * 2
-        register_lowering_case(
-            "border", f"solve_border_{jnp.dtype(dtype).name}",
-            lambda *a: solve_border_pallas(layout, *a), args)
-
-
-_register_lowering_cases()

@@ -25,7 +25,7 @@ from jax.experimental.pallas import triton as plt
 from jaxtyping import Array, Float, Int
 
 from gpustat._arrays import next_pow2, pad_axis
-from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call
 
 __all__ = ["scatter_add_rows"]
 
@@ -88,18 +88,3 @@ def scatter_add_rows(indices: Int[Array, " e"], rows: Float[Array, "e m"], n_tar
         input_output_aliases={2: 0},
     )(indices, rows, table)
     return out[:, :width] if width_pad != width else out
-
-
-def _register_lowering_cases() -> None:
-    # FM-like (m = k = 8) and FFM-like (m = F k = 128, and a ragged width 18) shapes.
-    for dtype in (jnp.float32, jnp.float64):
-        for n_entries, width in ((4096 * 16, 8), (300, 128), (77, 18)):
-            register_lowering_case(
-                "estimators", f"scatter_add_rows_e{n_entries}_m{width}_{jnp.dtype(dtype).name}",
-                functools.partial(scatter_add_rows, n_targets=1000),
-                (jax.ShapeDtypeStruct((n_entries,), jnp.int32),
-                 jax.ShapeDtypeStruct((n_entries, width), dtype)),
-            )
-
-
-_register_lowering_cases()

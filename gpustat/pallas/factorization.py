@@ -46,7 +46,7 @@ from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import next_pow2, nonempty
 from gpustat.csr import CSR
-from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call
 from gpustat.reference.factorization import (
     assemble_scores,
     score_dtype,
@@ -374,44 +374,3 @@ def fwfm_scores(X: CSR, field_ids, w0, w, V, R, *, interpret: bool = False,
     """
     return _scores("fwfm", X, field_ids, w0, w, V, R, interpret=interpret,
                    class_axis=class_axis, **settings)
-
-
-def _register_lowering_cases() -> None:
-    """One case per model (and FwFM's field-slot path) and dtype: 100 rows of up to 64
-    nonzeros (two chunks of 32)."""
-    from gpustat.csr import RowBuckets
-
-    n, p, n_fields, k, nnz = 100, 50, 5, 6, 3000
-    shape = jax.ShapeDtypeStruct
-
-    def matrix(data, indices, indptr, rows, slots=None):
-        return CSR.tree_unflatten(((n, p), RowBuckets((64,), True)),
-                                  (data, indices, indptr, (rows,), slots))
-
-    for dtype in (jnp.float32, jnp.float64):
-        rows = [shape((nnz,), dtype), shape((nnz,), jnp.int32), shape((n + 1,), jnp.int32),
-                shape((n,), jnp.int32)]
-        fields = shape((p,), jnp.int32)
-        linear = [shape((), dtype), shape((p,), dtype)]
-        name = jnp.dtype(dtype).name
-        register_lowering_case(
-            "factorization", f"fm_{name}",
-            lambda d, i, ip, r, w0, w, V: fm_scores(matrix(d, i, ip, r), w0, w, V),
-            [*rows, *linear, shape((p, k), dtype)])
-        register_lowering_case(
-            "factorization", f"ffm_{name}",
-            lambda d, i, ip, r, f, w0, w, V: ffm_scores(matrix(d, i, ip, r), f, w0, w, V),
-            [*rows, fields, *linear, shape((p, n_fields, k), dtype)])
-        register_lowering_case(
-            "factorization", f"fwfm_{name}",
-            lambda d, i, ip, r, f, w0, w, V, R: fwfm_scores(matrix(d, i, ip, r), f, w0, w, V, R),
-            [*rows, fields, *linear, shape((p, k), dtype), shape((n_fields, n_fields), dtype)])
-        register_lowering_case(
-            "factorization", f"fwfm_slots_{name}",
-            lambda d, i, ip, r, s, f, w0, w, V, R: fwfm_scores(matrix(d, i, ip, r, s), f, w0, w,
-                                                               V, R),
-            [*rows, shape((n, n_fields), jnp.int32), fields, *linear, shape((p, k), dtype),
-             shape((n_fields, n_fields), dtype)])
-
-
-_register_lowering_cases()

@@ -37,7 +37,7 @@ Kernels: ``_density_kernel`` (block lse, optionally the logits), ``_suff_stats_k
 (r = w exp(logit - log p(x))), ``_draw_kernel`` (inverse-CDF label inside the component
 block where the row's uniform lands, known from the block masses),
 ``_mvn_logpdf_kernel``; the statistics of the drawn labels are
-:mod:`gpustat.pallas.mixture_labels`.
+the label statistics below.
 
 Precision: float32 dots run as ``"highest"`` (IEEE fp32 FMA) or ``"tf32x3"`` (three TF32
 tensor-core products, error-compensated, close to fp32); plain TF32 is never used.
@@ -54,9 +54,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gpustat._arrays import next_pow2
-from gpustat.pallas._common import pallas_call, register_lowering_case
-from gpustat.pallas.mixture_labels import LABEL_BLOCKS, label_stats
+from gpustat._arrays import next_pow2, over_row_chunks, pad_axis, row_weights
+from gpustat.pallas._common import pallas_call
 from gpustat.reference.mixture import (
     MixtureParams,
     SuffStats,
@@ -66,10 +65,12 @@ from gpustat.reference.mixture import (
 
 __all__ = [
     "DEFAULT_BLOCKS",
+    "LABEL_BLOCKS",
     "MAX_FEATURES",
     "MOMENTS",
     "PRECISIONS",
     "default_blocks",
+    "label_stats",
     "log_prob",
     "mvn_logpdf",
     "sample_labels",
@@ -425,31 +426,6 @@ class _Layout:
                          loglik)
 
 
-def _over_chunks(chunk_fn, rows_per_chunk, arrays):
-    """``chunk_fn`` over row chunks of ``arrays`` (first axis n): the sum of its first output
-    (a pytree) and the concatenation of the others (per-row arrays). The last chunk is
-    padded with zeros (the callers' zero weights make padded rows count for nothing)."""
-    n = arrays[0].shape[0]
-    if n <= rows_per_chunk:
-        return chunk_fn(*arrays)
-    n_chunks = -(-n // rows_per_chunk)
-    chunks = [jnp.pad(a, [(0, n_chunks * rows_per_chunk - n)] + [(0, 0)] * (a.ndim - 1))
-              .reshape(n_chunks, rows_per_chunk, *a.shape[1:]) for a in arrays]
-    shapes = jax.eval_shape(chunk_fn, *(c[0] for c in chunks))
-    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
-
-    def body(total, chunk):
-        total_c, *rows = chunk_fn(*chunk)
-        return jax.tree.map(jnp.add, total, total_c), rows
-
-    total, rows = jax.lax.scan(body, zero, chunks)
-    return (total, *(r.reshape(-1, *r.shape[2:])[:n] for r in rows))
-
-
-def _unit_weights(X, sample_weight):
-    return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight.astype(X.dtype)
-
-
 def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret: bool = False,
              **blocks):
     """(n,) log p(x_i): the density pass (block log-sum-exps, no logits written), combined
@@ -479,18 +455,18 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str =
         partials = layout.stats_pass(_suff_stats_kernel, Xp, (w, lse, logits))
         return (layout.sum_stats(*partials, jnp.sum(w * lse)),)
 
-    return _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
+    return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, sample_weight)))[0]
 
 
 def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
                            precision: str = "highest", interpret: bool = False,
                            **blocks) -> SuffStats:
     """Statistics of hard labels: rows sorted by label, one product per row tile of each
-    component's run (:mod:`gpustat.pallas.mixture_labels`). ``blocks``: settings
-    overriding :data:`~gpustat.pallas.mixture_labels.LABEL_BLOCKS`."""
+    component's run (the label statistics below). ``blocks``: settings
+    overriding :data:`LABEL_BLOCKS`."""
     p = X.shape[1]
     Xp = jnp.pad(X, ((0, 0), (0, padded_features(p) - p)))
-    return label_stats(Xp, _unit_weights(X, sample_weight), labels.astype(jnp.int32),
+    return label_stats(Xp, row_weights(X, sample_weight), labels.astype(jnp.int32),
                        n_components, p, algorithm=_dot_algorithm(X.dtype, precision),
                        interpret=interpret, **_label_settings(X.dtype, precision, blocks))
 
@@ -547,7 +523,7 @@ def sample_labels_with_stats(key, X, params: MixtureParams, *, precision: str = 
                             **label_settings)
         return stats, labels, lse[:layout.n]
 
-    stats, labels, lse = _over_chunks(chunk, rows_per_chunk,
+    stats, labels, lse = over_row_chunks(chunk, rows_per_chunk,
                                       (X, u_all, jnp.ones(X.shape[0], X.dtype)))
     return labels, lse, stats
 
@@ -579,34 +555,122 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
     return out[:layout.n, :layout.k]
 
 
-def _register_lowering_cases() -> None:
-    """Lowering cases per kernel, moments and dtype (n = 100 ragged rows, p = 16, k = 40)."""
-    n, p, k = 100, 16, 40
+# -- statistics of hard labels ------------------------------------------------------------
+# Pallas-Triton kernel for the statistics of hard labels (Gibbs sweeps, k-means-style
+# counts): (N_j, sum_i w_i x_i, sum_i w_i x_i x_i^T) over the rows labelled j.
+#
+# Rows are sorted by label (stable, so the sums are deterministic): component j owns the run
+# of rows [start_j, end_j), which spans row tiles first_j .. last_j of ``block_n`` rows. A
+# *work item* is up to ``tiles_per_item`` consecutive tiles of one run; its program sums
+# w x x^T over them with one (P, block_n) @ (block_n, P) product per tile, rows outside the
+# run weighted 0. No product multiplies the zeros of other components (one-hot
+# responsibilities over (block_n, block_k) tiles spend block_k times the work).
+#
+# A run of m tiles makes ceil(m / tiles_per_item) items, so there are at most
+# n_tiles / tiles_per_item + K items: a static bound, the unused ones empty. The items'
+# partial sums are added per component by a one-hot (k, items) product at full precision
+# (XLA; no atomics, so deterministic). Large components are spread over many programs, so
+# imbalanced labels (a Gibbs sweep's start) keep every SM busy.
 
-    def params_of(dtype):
-        return MixtureParams(
-            jax.ShapeDtypeStruct((k,), dtype), jax.ShapeDtypeStruct((k, p), dtype),
-            jax.ShapeDtypeStruct((k, p, p), dtype), jax.ShapeDtypeStruct((k, p, p), dtype),
-            "full")
-
-    # the smallest blocks the tests use (float64 dots need M, K >= 16 and N >= 8)
-    small = dict(block_n=16, block_k=8)
-    cases = {
-        "log_prob": lambda X, prm: log_prob(X, prm),
-        "suff_stats_tf32x3": lambda X, prm: suff_stats(X, prm, precision="tf32x3"),
-        "suff_stats_packed": lambda X, prm: suff_stats(
-            X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),
-        "suff_stats_small_blocks": lambda X, prm: suff_stats(
-            X, prm, density_blocks=small, stats_blocks=small),
-        "mvn_logpdf": lambda X, prm: mvn_logpdf(X, prm),
-        "sample_labels_with_stats": lambda X, prm: sample_labels_with_stats(
-            jax.random.key(0), X, prm),
-    }
-    for dtype in (jnp.float32, jnp.float64):
-        for name, fn in cases.items():
-            register_lowering_case(
-                "mixture", f"{name}_{jnp.dtype(dtype).name}", fn,
-                (jax.ShapeDtypeStruct((n, p), dtype), params_of(dtype)))
+# Row tile, tiles per work item and warps per float32 dot algorithm (float64 takes
+# "highest"): among the fastest of a sweep on an H100 at n = 1e6, p = 16, k = 256, away
+# from settings that ran ~10x slower there (tf32x3 with 256-row tiles on 2 warps, highest
+# with 128-row tiles on 2 warps, 512-row tiles on 1 warp): kernel 0.085 / 0.086 ms.
+# float64 (same H100 and size, 2026-11-25): draw + label statistics 8.70-8.77 ms for six
+# settings from 32 to 256 rows on 1 to 4 warps, so it keeps "highest"'s.
+LABEL_BLOCKS = {
+    "tf32x3": {"block_n": 128, "tiles_per_item": 16, "num_warps": 2},
+    "highest": {"block_n": 256, "tiles_per_item": 8, "num_warps": 2},
+}
 
 
-_register_lowering_cases()
+def _work_items(start, end, block_n, tiles_per_item, n_items):
+    """(component (n_items,), bounds (4, n_items) int32: first tile, end tile, first row,
+    end row) of each work item, from the runs [start_j, end_j) of the sorted rows; unused
+    items have no tiles and component 0."""
+    first = start // block_n
+    tiles = jnp.where(end > start, (end - 1) // block_n + 1 - first, 0)
+    items = -(-tiles // tiles_per_item)
+    items_end = jnp.cumsum(items)
+    item = jnp.arange(n_items, dtype=jnp.int32)
+    used = item < items_end[-1]
+    component = jnp.searchsorted(items_end, item, side="right", method="scan_unrolled")
+    component = jnp.where(used, component, 0).astype(jnp.int32)
+    tile_lo = first[component] + (item - (items_end - items)[component]) * tiles_per_item
+    tile_hi = jnp.minimum(tile_lo + tiles_per_item, first[component] + tiles[component])
+    bounds = jnp.stack([tile_lo, jnp.where(used, tile_hi, tile_lo), start[component],
+                        end[component]])
+    return component, bounds
+
+
+def _item_kernel(x_ref, w_ref, bounds_ref, counts_ref, s1_ref, s2_ref, *, block_n,
+                 algorithm):
+    """Partial sums of one work item: its tiles' rows in [first row, end row)."""
+    i = pl.program_id(0)
+    P = x_ref.shape[1]
+    dtype = x_ref.dtype
+    row_lo, row_hi = bounds_ref[2, i], bounds_ref[3, i]
+
+    def body(t, acc):
+        count, s1, s2 = acc
+        rows = pl.ds(t * block_n, block_n)
+        row = t * block_n + jax.lax.broadcasted_iota(jnp.int32, (block_n, 1), 0)
+        w = jnp.where((row >= row_lo) & (row < row_hi), w_ref[rows][:, None], 0)
+        x = x_ref[rows, :]
+        xw = x * w
+        # rows contract: (block_n, P)^T x (block_n, P)
+        s2 = s2 + jax.lax.dot_general(xw, x, (((0,), (0,)), ((), ())), precision=algorithm,
+                                      preferred_element_type=dtype)
+        return count + jnp.sum(w, axis=0), s1 + jnp.sum(xw, axis=0), s2
+
+    init = (jnp.zeros((1,), dtype), jnp.zeros((P,), dtype), jnp.zeros((P, P), dtype))
+    count, s1, s2 = jax.lax.fori_loop(bounds_ref[0, i], bounds_ref[1, i], body, init)
+    counts_ref[pl.ds(i, 1)] = count
+    s1_ref[i, :] = s1
+    s2_ref[i, :, :] = s2
+
+
+def _full_spec(shape):
+    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+
+def label_stats(Xp, w, labels, n_components: int, p: int, *, algorithm, interpret: bool,
+                block_n: int, tiles_per_item: int, num_warps: int) -> SuffStats:
+    """Statistics of ``labels`` over the rows of ``Xp`` (n, P) (features padded to a power
+    of two P >= 16, the first ``p`` real) weighted by ``w``; labels outside
+    [0, n_components) count nowhere. ``algorithm``: the float32 dot algorithm (None for
+    native float64)."""
+    dtype = Xp.dtype
+    P = Xp.shape[1]
+    # out-of-range labels sort after every run and are not counted
+    labels = jnp.where((labels >= 0) & (labels < n_components), labels, n_components)
+    sorted_labels, order = jax.lax.sort_key_val(
+        labels, jnp.arange(labels.shape[0], dtype=jnp.int32), is_stable=True)
+    # run edges: one fused binary search (a scatter-add count contends on k bins; the
+    # looped search launches kernels per step)
+    edges = jnp.searchsorted(sorted_labels, jnp.arange(n_components + 1, dtype=jnp.int32),
+                             method="scan_unrolled").astype(jnp.int32)
+    # one gather of the sorted rows, padded to whole tiles (the padding rows lie after
+    # every run, so the kernel gives them weight 0)
+    order = pad_axis(order, 0, block_n)
+    x, w = Xp[order], w[order]
+    n_tiles = order.shape[0] // block_n
+    n_items = -(-n_tiles // tiles_per_item) + n_components
+    component, bounds = _work_items(edges[:-1], edges[1:], block_n, tiles_per_item, n_items)
+    inputs = (x, w, bounds)
+    out_shape = [jax.ShapeDtypeStruct((n_items,), dtype),
+                 jax.ShapeDtypeStruct((n_items, P), dtype),
+                 jax.ShapeDtypeStruct((n_items, P, P), dtype)]
+    count, s1, s2 = pallas_call(
+        functools.partial(_item_kernel, block_n=block_n, algorithm=algorithm),
+        interpret=interpret, num_warps=num_warps, grid=(n_items,),
+        in_specs=[_full_spec(a.shape) for a in inputs],
+        out_specs=[_full_spec(s.shape) for s in out_shape], out_shape=out_shape,
+    )(*inputs)
+    # per component: a one-hot product over the items (exact, deterministic)
+    onehot = (component[None, :] == jnp.arange(n_components)[:, None]).astype(dtype)
+    flat = jnp.concatenate([count[:, None], s1, s2.reshape(n_items, P * P)], axis=1)
+    total = jnp.dot(onehot, flat, precision=jax.lax.Precision.HIGHEST)
+    s2 = total[:, 1 + P:].reshape(n_components, P, P)[:, :p, :p]
+    return SuffStats(total[:, 0], total[:, 1:1 + p], 0.5 * (s2 + jnp.swapaxes(s2, 1, 2)),
+                     jnp.zeros((), dtype))

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype
-from gpustat.pallas._common import pallas_call, register_lowering_case
+from gpustat.pallas._common import pallas_call
 from gpustat.reference import numerics as ref
 
 __all__ = ["elementwise"]
@@ -77,11 +77,3 @@ KERNELS: dict[str, tuple[Callable, int]] = {
     "log_ndtr_and_mills": (ref.log_ndtr_and_mills, 2),
     "probit_curvature": (ref.probit_curvature, 1),
 }
-
-for _name, (_fn, _count) in KERNELS.items():
-    for _dtype in (jnp.float32, jnp.float64):
-        register_lowering_case(
-            "numerics", f"{_name}[{jnp.dtype(_dtype).name}]",
-            functools.partial(elementwise, fn=_fn, num_outputs=_count),
-            [jax.ShapeDtypeStruct((3000,), _dtype)],
-        )

@@ -500,7 +500,7 @@ def _cached_tables(pp, breakpoints, coeffs, nu, path):
 def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
     """The :class:`_KernelTables` of ``_cached_tables`` (no 16-bit values; ``guided``:
     with the Triton kernel's guide and side rows)."""
-    from gpustat.pallas.piecewise import guide_tables, kernel_tables, side_rows
+    from gpustat.reference.piecewise import guide_tables, kernel_tables, side_rows
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)
     guide = guide_tables(np.asarray(breakpoints)) if guided else None
@@ -530,7 +530,8 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
 
 def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
     """The Pallas, interpreted or Triton kernel at every x."""
-    from gpustat.pallas.piecewise import kernel_tables, ppoly_eval_tables
+    from gpustat.pallas.piecewise import ppoly_eval_tables
+    from gpustat.reference.piecewise import kernel_tables
 
     if tables is None:
         tables = _KernelTables(*kernel_tables(breakpoints, coeffs, uniform), None, None)

@@ -62,6 +62,7 @@ __all__ = [
     "accumulation_growth",
     "gershgorin_bounds",
     "gershgorin_ridge_bump",
+    "row_bump",
     "schur_overflow",
     "solve_border_reference",
     "symmetric_from_lower",
@@ -394,3 +395,18 @@ def solve_border_reference(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, rid
         row = row.at[atoms].set(rw)
         bump = bump.at[atoms].set(bp)
     return delta_t, delta_beta, log_det, status, row, bump
+
+
+def row_bump(h, ridge, d, unit_roundoff):
+    """Gershgorin ridge bump of every row's unridged block ``h`` (spec B.5), ``(R,)``.
+
+    ``h`` maps ``(p, q)``, ``q <= p``, to the rows' entries (the kernels' elementwise form)."""
+    gap = scale = radius = None
+    for p in range(d):
+        diag = h[(p, p)]
+        off = sum((jnp.abs(h[(max(p, q), min(p, q))]) for q in range(d) if q != p), start=0.0)
+        row_gap, row_radius = diag - off, jnp.abs(diag) + off
+        gap = row_gap if gap is None else jnp.minimum(gap, row_gap)
+        scale = jnp.abs(diag) if scale is None else jnp.maximum(scale, jnp.abs(diag))
+        radius = row_radius if radius is None else jnp.maximum(radius, row_radius)
+    return gershgorin_ridge_bump(gap, jnp.maximum(scale, 1.0), radius, ridge, d, unit_roundoff)

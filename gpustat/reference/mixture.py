@@ -49,6 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from gpustat._arrays import row_weights
+
 __all__ = [
     "COVARIANCE_TYPES",
     "MixtureParams",
@@ -306,10 +308,6 @@ def _stats_of(X, resp, loglik):
     )
 
 
-def _unit_weights(X, sample_weight):
-    return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight
-
-
 def suff_stats(X, params: MixtureParams, sample_weight=None, *,
                batch_size: int = DEFAULT_BATCH_SIZE) -> SuffStats:
     """E-step statistics (N, sum r x, sum r x x^T, sum w log p) accumulated over row chunks."""
@@ -321,12 +319,12 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
         resp = jnp.exp(wlp - lse[:, None]) * wc[:, None]
         return _stats_of(Xc, resp, jnp.sum(wc * lse))
 
-    return _chunked_stats(chunk_fn, batch_size, X, _unit_weights(X, sample_weight))
+    return _chunked_stats(chunk_fn, batch_size, X, row_weights(X, sample_weight))
 
 
 def suff_stats_from_responsibilities(X, resp, sample_weight=None) -> SuffStats:
     """Statistics of given responsibilities (n, k) (loglik 0: none is defined)."""
-    w = _unit_weights(X, sample_weight)
+    w = row_weights(X, sample_weight)
     return _stats_of(X, resp * w[:, None], jnp.zeros((), X.dtype))
 
 
@@ -337,7 +335,7 @@ def suff_stats_from_labels(X, labels, n_components: int, sample_weight=None, *,
         onehot = jax.nn.one_hot(labels_c, n_components, dtype=X.dtype) * wc[:, None]
         return _stats_of(Xc, onehot, jnp.zeros((), X.dtype))
 
-    return _chunked_stats(chunk_fn, batch_size, X, _unit_weights(X, sample_weight), labels)
+    return _chunked_stats(chunk_fn, batch_size, X, row_weights(X, sample_weight), labels)
 
 
 def sample_labels(key, X, params: MixtureParams, *, batch_size: int = DEFAULT_BATCH_SIZE,

@@ -79,6 +79,7 @@ from gpustat.reference.border import (
     STATUS_ROW_NOT_PD,
     STATUS_SCHUR_NOT_PD,
     BorderLayout,
+    row_bump,
 )
 from gpustat.triton._common import CompileCase, launch
 
@@ -674,8 +675,6 @@ def _meta(layout: BorderLayout, atoms: np.ndarray) -> np.ndarray:
 
 def _row_bumps(layout: BorderLayout, H_tt, first_bad, ridge_t):
     """Gershgorin bump (spec B.5) of each atom's first failing row (any row where none)."""
-    from gpustat.pallas.border import _row_bump  # the kernels' elementwise form
-
     d = layout.d
     if layout.num_rows == 0:  # no rows, no failing row
         return jnp.zeros(layout.num_atoms, H_tt.dtype)
@@ -684,7 +683,7 @@ def _row_bumps(layout: BorderLayout, H_tt, first_bad, ridge_t):
         local, jnp.maximum(jnp.asarray(layout.n_rows) - 1, 0))
     blocks = H_tt.reshape(-1, d, d)[jnp.minimum(row, layout.num_rows - 1)]
     h = {(p, q): blocks[:, p, q] for p in range(d) for q in range(p + 1)}
-    return _row_bump(h, ridge_t, d, float(jnp.finfo(H_tt.dtype).eps) / 2)
+    return row_bump(h, ridge_t, d, float(jnp.finfo(H_tt.dtype).eps) / 2)
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "interpret"))

@@ -36,8 +36,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from gpustat._arrays import next_pow2
-from gpustat.pallas.mixture import _over_chunks, _unit_weights  # the Pallas E-step's helpers
+from gpustat._arrays import next_pow2, over_row_chunks, row_weights
 from gpustat.reference.mixture import (
     MixtureParams,
     SuffStats,
@@ -239,12 +238,12 @@ def log_prob(X, params: MixtureParams, *, interpret: bool = False,
              rows_per_chunk: int = ROWS_PER_CHUNK, num_stages: int = 3):
     """(n,) log p(x_i) from the density pass at "f16x3" (its responsibilities discarded)."""
     W = _checked_weights(X, params)
-    w = _unit_weights(X, None)
+    w = row_weights(X, None)
 
     def chunk(Xc, wc):
         return (), _chunk_density(Xc, wc, W, num_stages=num_stages, interpret=interpret)[0]
 
-    return _over_chunks(chunk, rows_per_chunk, (X, w))[1]
+    return over_row_chunks(chunk, rows_per_chunk, (X, w))[1]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *, interpret: bool = False,
@@ -265,7 +264,7 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *, interpret: bool 
     """
     W = _checked_weights(X, params)
     chunk = functools.partial(_chunk_stats, W=W, num_stages=num_stages, interpret=interpret)
-    T, loglik = _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
+    T, loglik = over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, sample_weight)))[0]
     return stats_from_quadratic(T, X.shape[1], loglik)
 
 

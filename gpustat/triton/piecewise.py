@@ -1,19 +1,19 @@
 """Triton-language kernels: evaluate a piecewise polynomial at a stream of points.
 
 The jax-triton twins of :mod:`gpustat.pallas.piecewise`, reading the same tables
-(:func:`gpustat.pallas.piecewise.kernel_tables`): Eytzinger-ordered interior
+(:func:`gpustat.reference.piecewise.kernel_tables`): Eytzinger-ordered interior
 breakpoints (or the sorted ones on a uniform grid), coefficient rows padded to
 a power-of-two width W, and ``[x_0, x_P, P / (x_P - x_0), 0]``. x is streamed
 once (read in its own dtype, evicted first) and y written once. The piece
 index is found once per point:
 
-* guided (concrete breakpoints, :func:`gpustat.pallas.piecewise.guide_tables`;
+* guided (concrete breakpoints, :func:`gpustat.reference.piecewise.guide_tables`;
   shared-memory kernel): the point's bucket on a grid of up to 1024 equal
   buckets, each holding at most one interior breakpoint, gives its piece as
   ``below[b] + (x >= split[b])`` (one 64-bit lookup in float32) and its left knot
   as ``split[b]``, or ``knots[piece]`` for the points of a bucket below its
   breakpoint (the only lanes whose knot gather is random), whatever the grading.
-  float32 tables come with :func:`gpustat.pallas.piecewise.side_rows`: the piece
+  float32 tables come with :func:`gpustat.reference.piecewise.side_rows`: the piece
   below each breakpoint re-expanded at it, so every point evaluates at
   ``x - split[b]`` and none looks its knot up (three lookups a point, not four);
 * uniform breakpoints: ``floor((x - x_0) * P / (x_P - x_0))`` clipped, then one
@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from gpustat._arrays import next_pow2
-from gpustat.reference.piecewise import EXTRAPOLATE_MODES
+from gpustat.reference.piecewise import EXTRAPOLATE_MODES, search_levels
 from gpustat.triton._common import CompileCase, launch
 
 __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
@@ -391,11 +391,6 @@ def _ppoly_eval_staged_kernel(x_ptr, keys_ptr, rows_ptr, params_ptr, below_ptr, 
                  eviction_policy="evict_first")
 
 
-def _search_levels(num_pieces: int) -> int:
-    """Depth of the Eytzinger tree of the P-1 interior breakpoints (kernel_tables' layout)."""
-    return (num_pieces - 1).bit_length()
-
-
 def uniform_rows(keys: jax.Array, rows: jax.Array, degree: int) -> jax.Array:
     """(*t, P, W') rows of the uniform path: coefficients, zeros, then x_i and x_{i+1}.
 
@@ -443,7 +438,7 @@ def _settings(x_dtype, table_dtype, size: int, rows_shape, *, num_pieces: int, d
     default_block, _, default_chunks = default_launch(table_dtype, size, staged, buckets, sides)
     block = min(block_n or default_block, next_pow2(size))
     chunks = max(1, min(chunks or default_chunks, triton.cdiv(size, block))) if staged else 1
-    levels = _search_levels(num_pieces)
+    levels = search_levels(num_pieces)
     settings = dict(SIZE=size, NUM_PIECES=num_pieces, DEGREE=degree, WIDTH=rows_shape[-1],
                     LEVELS=levels, UNIFORM=uniform, MODE=_MODE_CODE[extrapolate],
                     INDEX_64=size * num_polys + block * (chunks + 1) >= 2**31, BLOCK_N=block)
@@ -522,7 +517,7 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
                       num_warps: int | None = None, tables: str | None = None,
                       chunks: int | None = None, guide: tuple | None = None,
                       side_rows: jax.Array | None = None) -> jax.Array:
-    """Evaluate on prepared :func:`gpustat.pallas.piecewise.kernel_tables` with a Triton kernel.
+    """Evaluate on prepared :func:`gpustat.reference.piecewise.kernel_tables` with a Triton kernel.
 
     Args:
         keys, rows, params: from ``kernel_tables`` in the compute dtype (float32
@@ -540,11 +535,11 @@ def ppoly_eval_triton(keys: jax.Array, rows: jax.Array, params: jax.Array, x: ja
             global memory through L1) or None (shared where supported).
         chunks: blocks of ``block_n`` points per program of the shared-memory
             kernel (tables read once per program, next block's x prefetched).
-        guide: :func:`gpustat.pallas.piecewise.guide_tables` of the breakpoints,
+        guide: :func:`gpustat.reference.piecewise.guide_tables` of the breakpoints,
             or None. The shared-memory kernel then finds a point's piece from its
             bucket (``below``, ``split``) instead of the uniform guess or the Eytzinger
             search of ``keys``.
-        side_rows: :func:`gpustat.pallas.piecewise.side_rows` of ``rows`` and ``guide``,
+        side_rows: :func:`gpustat.reference.piecewise.side_rows` of ``rows`` and ``guide``,
             or None. The shared-memory kernel then reads them instead of ``rows`` and
             looks up no knot (one lookup a point fewer). Needs ``guide`` and one
             polynomial.

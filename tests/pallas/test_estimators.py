@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from gpustat.estimators import FFMClassifier, FwFMRegressor
-from gpustat.pallas._common import LOWERING_CASES
 from gpustat.pallas.estimators import default_block_entries, scatter_add_rows
 from tests.helpers import KernelTests, tol
 from tests.oracles import fm_trainer as oracle
+from tests.pallas.lowering_cases import estimators_cases
 
 
 def _dense_sum(idx, rows, n_targets):
@@ -87,7 +87,7 @@ class TestScatterAddRows(KernelTests):
 
 
 def test_lowering_cases_cover_both_dtypes():
-    # tests/pallas/test_lowering.py lowers every registered case for CUDA
-    dtypes = {c.args[1].dtype for c in LOWERING_CASES if c.module == "estimators"}
+    # tests/pallas/test_lowering.py lowers every case for CUDA
+    dtypes = {c.args[1].dtype for c in estimators_cases()}
     assert dtypes == {jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)}
     assert jax.config.jax_enable_x64

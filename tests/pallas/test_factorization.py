@@ -11,10 +11,10 @@ import pytest
 from gpustat._arrays import next_pow2
 from gpustat.csr import CSR
 from gpustat.pallas import factorization as kernels
-from gpustat.pallas._common import LOWERING_CASES
-from tests.helpers import KernelTests, assert_close, assert_lowers_for_cuda, tol
+from tests.helpers import KernelTests, assert_close, tol
 from tests.oracles import factorization_oracle as oracle
 from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
+from tests.pallas.lowering_cases import factorization_cases
 
 PROBLEM = make_problem()
 # small tiles: rows of width 8 take two chunks of 4, buckets span several grid steps
@@ -201,14 +201,8 @@ class TestFieldSlotKernel(KernelTests):
         assert spy.call_count == 1  # the table was read; the plain CSR took the row buckets
 
 
-@pytest.mark.parametrize("case", [c for c in LOWERING_CASES if c.module == "factorization"],
-                         ids=lambda c: c.name)
-def test_registered_cases_lower_for_cuda(case):
-    assert_lowers_for_cuda(case.fn, case.args)
-
-
 def test_every_model_and_dtype_has_a_lowering_case():
-    names = {c.name for c in LOWERING_CASES if c.module == "factorization"}
+    names = {c.name for c in factorization_cases()}
     assert names == {f"{m}_{d}" for m in ("fm", "ffm", "fwfm", "fwfm_slots")
                      for d in ("float32", "float64")}
 

@@ -7,9 +7,10 @@ import pytest
 from scipy.interpolate import PPoly
 
 import gpustat.piecewise
-from gpustat.pallas.piecewise import eytzinger_order, ppoly_eval_pallas
+from gpustat.pallas.piecewise import ppoly_eval_pallas
 from gpustat.piecewise import PiecewisePolynomial, activation, ppoly_eval
 from gpustat.reference import piecewise as ref
+from gpustat.reference.piecewise import eytzinger_order
 from tests.helpers import KernelTests, assert_close, assert_within_float32_ulps, tol
 
 SCIPY_MODE = {"extend": True, "nan": False, "periodic": "periodic"}
