@@ -43,6 +43,7 @@ test: $(VENV)/.test-deps
 
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 pytest: $(VENV)/.test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpustat import bms
+from gpustat.pallas import bms as kernels
 from gpustat.reference import bms as reference
 from tests.helpers import KernelTests, assert_close, tol
 from tests.oracles import bms_tables as tables
@@ -82,7 +83,7 @@ class TestBmsKernels(KernelTests):
         c = rng.normal(size=(35, 4)) * [0.3, 0.5, 0.2, 0.1]
         c[:16, 2:] = 0.0
         c[16::3, 2:] = 0.0
-        moments, status = bms.kernels.cell_moments(lo, hi, c, interpret=self.backend == "interpret",
+        moments, status = kernels.cell_moments(lo, hi, c, interpret=self.backend == "interpret",
                                                    block_cells=16)
         expected, expected_status = reference.cell_moments(jnp.asarray(lo), jnp.asarray(hi),
                                                            jnp.asarray(c))
@@ -104,7 +105,7 @@ class TestBmsKernels(KernelTests):
         # chunks, the last partial), 4 and 8 (whole chunks), 1, 0 (degenerate), and a
         # last row whose last cell failed
         args = _synthetic_rows(np.random.default_rng(0), [2, 9, 1, 0, 4, 8, 3], 2, 1)
-        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret",
+        out = kernels.row_derivatives(*args, interpret=self.backend == "interpret",
                                           block_cells=block_cells)
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
         for got, want in zip(out[:3], expected[:3]):
@@ -119,7 +120,7 @@ class TestBmsKernels(KernelTests):
         # r = 20 as in production (tiles padded to 32): 13, 9, 4, 1 cells (the last cell
         # failed) and an empty row
         args = _synthetic_rows(np.random.default_rng(6), [13, 9, 4, 1, 0], 10, 8)
-        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
+        out = kernels.row_derivatives(*args, interpret=self.backend == "interpret")
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
         for got, want in zip(out[:3], expected[:3]):
             assert_close(got, want, rtol=tol(np.float64, "kernel"), atol=1e-15)
@@ -131,7 +132,7 @@ class TestBmsKernels(KernelTests):
     def test_row_derivatives_wide_rows(self):
         # r = 42 > 32: 64-row tiles (and the 4-warp default for them)
         args = _synthetic_rows(np.random.default_rng(7), [5, 1, 0, 6], 20, 20)
-        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
+        out = kernels.row_derivatives(*args, interpret=self.backend == "interpret")
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
         for got, want in zip(out[:3], expected[:3]):
             assert_close(got, want, rtol=tol(np.float64, "kernel"), atol=1e-15)
@@ -140,7 +141,7 @@ class TestBmsKernels(KernelTests):
     @pytest.mark.slow
     def test_row_derivatives_float32(self):
         args = _synthetic_rows(np.random.default_rng(1), [1, 2, 5], 1, 2, dtype=np.float32)
-        out = bms.kernels.row_derivatives(*args, interpret=self.backend == "interpret")
+        out = kernels.row_derivatives(*args, interpret=self.backend == "interpret")
         expected = reference.row_derivatives(*(jnp.asarray(a) for a in args))
         assert out[2].dtype == jnp.float32
         for got, want in zip(out[:3], expected[:3]):
@@ -185,7 +186,7 @@ class TestBmsKernels(KernelTests):
         interpret = self.backend == "interpret"
         rtol = tol(np.float64, "oracle")
         scale = np.abs(dense).max() * np.abs(v).max()
-        assert_close(bms.kernels.joint_hvp(hess, x, g, v, interpret=interpret, target_programs=2),
+        assert_close(kernels.joint_hvp(hess, x, g, v, interpret=interpret, target_programs=2),
                      v @ dense.T, rtol=rtol, atol=rtol * scale)
-        assert_close(bms.kernels.joint_dense(hess, x, g, interpret=interpret, target_programs=2),
+        assert_close(kernels.joint_dense(hess, x, g, interpret=interpret, target_programs=2),
                      dense, rtol=rtol, atol=rtol * np.abs(dense).max())

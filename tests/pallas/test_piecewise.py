@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import PPoly
 
-import gpustat.piecewise
+import gpustat.piecewise._polynomial
 from gpustat.pallas.piecewise import ppoly_eval_pallas
 from gpustat.piecewise import PiecewisePolynomial, activation, ppoly_eval
 from gpustat.reference import piecewise as ref
@@ -112,9 +112,9 @@ class TestPiecewiseKernel(KernelTests):
                                  rng.normal(size=(4, 9, 2)).astype(np.float32), extrapolate="nan")
         x = np.concatenate([rng.uniform(-4, 4, 2997), [np.inf, -np.inf, np.nan]])
         x = jnp.asarray(x, dtype)
-        monkeypatch.setattr(gpustat.piecewise, "_TABLE_LOOKUP_MIN_POINTS", 1 << 40)
+        monkeypatch.setattr(gpustat.piecewise._polynomial, "_TABLE_LOOKUP_MIN_POINTS", 1 << 40)
         each = np.asarray(pp(x, backend=self.backend), np.float64)
-        monkeypatch.setattr(gpustat.piecewise, "_TABLE_LOOKUP_MIN_POINTS", 1000)
+        monkeypatch.setattr(gpustat.piecewise._polynomial, "_TABLE_LOOKUP_MIN_POINTS", 1000)
         looked_up = pp(x.reshape(3, 1000), backend=self.backend)  # new shape: traced anew
         assert looked_up.dtype == x.dtype and looked_up.shape == (3, 1000, 2)
         np.testing.assert_array_equal(np.asarray(looked_up, np.float64).reshape(-1, 2), each)
