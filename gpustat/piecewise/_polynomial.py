@@ -55,10 +55,33 @@ def _is_concrete(*arrays) -> bool:
     return not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
+# scipy's ``extrapolate`` values and their names here
+_SCIPY_EXTRAPOLATE = {True: "extend", False: "nan", None: "extend", "periodic": "periodic"}
+
+
 def _check_extrapolate(extrapolate) -> str:
+    """A mode of :data:`EXTRAPOLATE_MODES`; scipy's True / False / None are accepted."""
+    if isinstance(extrapolate, bool) or extrapolate is None:
+        return _SCIPY_EXTRAPOLATE[extrapolate]
     if extrapolate not in EXTRAPOLATE_MODES:
-        raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES}, got {extrapolate=!r}")
+        raise ValueError(f"extrapolate must be one of {EXTRAPOLATE_MODES} (or scipy's True, "
+                         f"False, None), got {extrapolate=!r}")
     return extrapolate
+
+
+class _FrozenArray:
+    """A concrete numpy array as hashable pytree aux data (by dtype, shape and bytes)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = np.array(array)
+        self.array.setflags(write=False)
+        self._key = (self.array.dtype.str, self.array.shape, self.array.tobytes())
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _FrozenArray) and self._key == other._key
 
 
 def _detect_uniform(breakpoints: np.ndarray) -> bool:
@@ -75,24 +98,41 @@ class PiecewisePolynomial:
     A pytree: the leaves are ``breakpoints`` and ``coeffs`` (so it passes through
     ``jit``/``vmap``/``grad``); ``extrapolate`` and the uniform-grid flag are
     static. Gradients flow to ``coeffs`` (learnable activations) and to the
-    evaluation points; breakpoints are constants.
+    evaluation points, never to the breakpoints. With ``static_breakpoints=True``
+    the breakpoints are not a leaf at all but static data (hashed by value): inside a
+    model (equinox, flax) an optimizer's weight decay or update then cannot move them,
+    and ``coeffs`` is the only leaf.
+
+    The argument order is (breakpoints, coeffs), the reverse of scipy's ``PPoly(c, x)``;
+    :meth:`from_scipy` and :meth:`to_scipy` convert.
 
     Args:
         breakpoints: (P+1,) strictly increasing, finite floats.
         coeffs: (D+1, P, *t) floats, highest power first, local coordinate
             x - breakpoints[i]; breakpoints are stored in ``coeffs``' dtype.
         extrapolate: "extend" (end pieces continue), "nan" (NaN outside
-            [x_0, x_P]), "clamp" (evaluate at clip(x, x_0, x_P)) or "periodic".
+            [x_0, x_P]), "clamp" (evaluate at clip(x, x_0, x_P)) or "periodic";
+            scipy's True (or None) and False mean "extend" and "nan".
+        static_breakpoints: hold the (concrete) breakpoints as static pytree data.
 
     Raises:
         ValueError: wrong ranks or sizes, fewer than two breakpoints, unknown
             ``extrapolate``; for concrete breakpoints also non-finite, unsorted or
             duplicate values (checks on values are skipped for tracers).
-        TypeError: non-floating ``coeffs`` or ``breakpoints``.
+        TypeError: non-floating ``coeffs`` or ``breakpoints``; traced breakpoints
+            with ``static_breakpoints=True``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from gpustat.piecewise import PiecewisePolynomial
+        >>> pp = PiecewisePolynomial(jnp.array([0.0, 1.0, 2.0]), jnp.array([[1.0, -1.0],
+        ...                                                                 [0.0, 1.0]]))
+        >>> [float(v) for v in pp(jnp.array([0.5, 1.5]))]
+        [0.5, 0.5]
     """
 
     def __init__(self, breakpoints: Float[ArrayLike, " P1"], coeffs: Float[ArrayLike, "D1 P *t"],
-                 extrapolate: str = "extend"):
+                 extrapolate: str | bool | None = "extend", *, static_breakpoints: bool = False):
         extrapolate = _check_extrapolate(extrapolate)
         coeffs = jnp.asarray(coeffs)
         breakpoints = jnp.asarray(breakpoints)
@@ -122,12 +162,22 @@ class PiecewisePolynomial:
                     f"breakpoints must be strictly increasing (in {coeffs.dtype}), got "
                     f"breakpoints[{k}]={bp[k]!r} >= breakpoints[{k + 1}]={bp[k + 1]!r}")
             uniform = _detect_uniform(bp)
-        self._set_fields(breakpoints, coeffs, extrapolate, uniform)
+        elif static_breakpoints:
+            raise TypeError("static_breakpoints=True needs concrete breakpoints, got a tracer: "
+                            "build the object outside jit, or keep the breakpoints a leaf")
+        frozen = _FrozenArray(np.asarray(breakpoints)) if static_breakpoints else None
+        self._set_fields(breakpoints, coeffs, extrapolate, uniform, frozen)
 
-    def _set_fields(self, breakpoints, coeffs, extrapolate, uniform) -> None:
+    def _set_fields(self, breakpoints, coeffs, extrapolate, uniform, frozen) -> None:
         for name, value in (("breakpoints", breakpoints), ("coeffs", coeffs),
-                            ("extrapolate", extrapolate), ("uniform", uniform)):
+                            ("extrapolate", extrapolate), ("uniform", uniform),
+                            ("_frozen_breakpoints", frozen)):
             object.__setattr__(self, name, value)
+
+    @property
+    def static_breakpoints(self) -> bool:
+        """Whether the breakpoints are static pytree data rather than a leaf."""
+        return self._frozen_breakpoints is not None
 
     def __setattr__(self, name, value):
         # Immutable, as a pytree should be: evaluation caches kernel tables per object,
@@ -138,17 +188,27 @@ class PiecewisePolynomial:
 
     # -- pytree -------------------------------------------------------------------
     def tree_flatten(self):
-        return (self.breakpoints, self.coeffs), (self.extrapolate, self.uniform)
+        aux = (self.extrapolate, self.uniform, self._frozen_breakpoints)
+        if self.static_breakpoints:
+            return (self.coeffs,), aux
+        return (self.breakpoints, self.coeffs), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
+        extrapolate, uniform, frozen = aux
         obj = object.__new__(cls)
-        obj._set_fields(*children, *aux)
+        if frozen is not None:
+            (coeffs,) = children
+            breakpoints = jnp.asarray(frozen.array)
+        else:
+            breakpoints, coeffs = children
+        obj._set_fields(breakpoints, coeffs, extrapolate, uniform, frozen)
         return obj
 
     def _replace(self, coeffs, extrapolate=None) -> PiecewisePolynomial:
-        obj = self.tree_unflatten((extrapolate or self.extrapolate, self.uniform),
-                                  (self.breakpoints, coeffs))
+        obj = object.__new__(type(self))
+        obj._set_fields(self.breakpoints, coeffs, extrapolate or self.extrapolate, self.uniform,
+                        self._frozen_breakpoints)
         return obj
 
     # -- shape ----------------------------------------------------------------------
@@ -175,7 +235,8 @@ class PiecewisePolynomial:
     def __repr__(self) -> str:
         return (f"PiecewisePolynomial(pieces={self.num_pieces}, degree={self.degree}, "
                 f"trailing={self.trailing_shape}, dtype={self.dtype}, "
-                f"extrapolate={self.extrapolate!r}, uniform={self.uniform})")
+                f"extrapolate={self.extrapolate!r}, uniform={self.uniform}"
+                f"{', static_breakpoints=True' if self.static_breakpoints else ''})")
 
     # -- calculus ----------------------------------------------------------------------
     def __call__(self, x: ArrayLike, nu: int = 0, *, backend: str = "auto") -> Array:
@@ -237,29 +298,77 @@ class PiecewisePolynomial:
                 raise TypeError(f"{name} must be real, got {name}.dtype={jnp.asarray(bound).dtype}")
         return _integrate_jit(self.breakpoints, self.coeffs, a, b, extrapolate=self.extrapolate)
 
+    def solve(self, y: float = 0.0, discontinuity: bool = True,
+              extrapolate: str | bool | None = None) -> np.ndarray:
+        """Real x with p(x) = y, with scipy ``PPoly.solve`` semantics (float64, on the host).
+
+        Args:
+            y: the level.
+            discontinuity: also report sign changes across a jump at a breakpoint.
+            extrapolate: whether roots outside [x_0, x_P] count (scipy's True / False /
+                "periodic", or a mode name); default: the object's mode. Under "clamp"
+                the function is constant outside, so only roots inside are reported.
+
+        Returns:
+            A float64 array of the roots in increasing order; for trailing axes ``t`` an
+            object array of shape ``t`` holding one such array per polynomial. An
+            interval where p is identically ``y`` is reported as its left end followed
+            by NaN, as scipy does.
+        """
+        mode = self.extrapolate if extrapolate is None else _check_extrapolate(extrapolate)
+        scipy_mode = {"extend": True, "nan": False, "clamp": False, "periodic": "periodic"}[mode]
+        return self._replace(self.coeffs, "nan").to_scipy().solve(
+            float(y), discontinuity=discontinuity, extrapolate=scipy_mode)
+
+    def roots(self, discontinuity: bool = True,
+              extrapolate: str | bool | None = None) -> np.ndarray:
+        """Real zeros: :meth:`solve` at y = 0 (scipy ``PPoly.roots``)."""
+        return self.solve(0.0, discontinuity=discontinuity, extrapolate=extrapolate)
+
     # -- converters ---------------------------------------------------------------------
     @classmethod
     def from_scipy(cls, ppoly, dtype=None) -> PiecewisePolynomial:
-        """From ``scipy.interpolate.PPoly`` (extrapolate True -> "extend", False -> "nan").
+        """From a scipy piecewise polynomial (extrapolate True -> "extend", False -> "nan").
 
-        A ``BPoly`` (Bernstein basis) is converted to the power basis first; decreasing
-        breakpoints are reversed, each piece re-expanded at its new left end (float64).
-        At an inner breakpoint itself a decreasing scipy object takes the piece below it,
-        this one (increasing, pieces closed on the left) the piece above: the two differ
-        there only where the function jumps.
+        Accepts ``PPoly`` and its subclasses (``CubicSpline``, ``PchipInterpolator``,
+        ``Akima1DInterpolator``, ``CubicHermiteSpline``), ``BPoly`` (converted to the power
+        basis) and ``BSpline`` (through ``PPoly.from_spline``; its zero-width pieces at
+        repeated knots are dropped, which changes no value). Decreasing breakpoints are
+        reversed, each piece re-expanded at its new left end (float64). At an inner
+        breakpoint itself a decreasing scipy object takes the piece below it, this one
+        (increasing, pieces closed on the left) the piece above: the two differ there
+        only where the function jumps.
+
+        Args:
+            ppoly: the scipy object.
+            dtype: the result's dtype (default float64).
+
+        Example:
+            >>> import numpy as np
+            >>> from scipy.interpolate import CubicSpline
+            >>> from gpustat.piecewise import PiecewisePolynomial
+            >>> spline = CubicSpline(np.linspace(0, 1, 5), np.sin(np.linspace(0, 1, 5)))
+            >>> pp = PiecewisePolynomial.from_scipy(spline)
+            >>> bool(np.allclose(pp.to_scipy()(0.3), spline(0.3)))
+            True
         """
-        from scipy.interpolate import BPoly, PPoly
+        from scipy.interpolate import BPoly, BSpline, PPoly
 
         if isinstance(ppoly, BPoly):
             ppoly = PPoly.from_bernstein_basis(ppoly)
+        elif isinstance(ppoly, BSpline):
+            ppoly = PPoly.from_spline(ppoly, extrapolate=ppoly.extrapolate)
         if not isinstance(ppoly, PPoly):
-            raise TypeError(f"ppoly must be a scipy.interpolate.PPoly or BPoly, got "
-                            f"{type(ppoly).__name__}")
-        mode = {True: "extend", False: "nan", "periodic": "periodic"}[ppoly.extrapolate]
+            raise TypeError(f"ppoly must be a scipy.interpolate.PPoly (or subclass), BPoly or "
+                            f"BSpline, got {type(ppoly).__name__}")
+        mode = _SCIPY_EXTRAPOLATE[ppoly.extrapolate]
         x, c = np.asarray(ppoly.x, np.float64), _real_float64(ppoly.c, "ppoly.c")
         if x.size > 1 and x[-1] < x[0]:
             shifts = (x[1:] - x[:-1]).reshape((-1,) + (1,) * (c.ndim - 2))
             c, x = _taylor_shift(c, shifts)[:, ::-1], x[::-1]
+        wide = np.diff(x) > 0
+        if x.size > 1 and not np.all(wide):  # zero-width pieces (repeated knots) hold no point
+            c, x = c[:, wide], np.concatenate([x[:-1][wide], x[1:][wide][-1:]])
         coeffs = np.asarray(c, dtype=dtype or np.float64)
         return cls(np.asarray(x, dtype=coeffs.dtype), coeffs, extrapolate=mode)
 
@@ -298,9 +407,8 @@ class PiecewisePolynomial:
             raise ValueError(f"partition_points must have shape (P+1,) = ({soa.shape[1] + 1},), "
                              f"got {points.shape=}")
         local = _taylor_shift(soa, points[:-1])
-        out_dtype = dtype or (np.asarray(coeffs).dtype if jnp.issubdtype(np.asarray(coeffs).dtype,
-                                                                         jnp.floating) else None)
-        return cls(points, jnp.asarray(local, dtype=out_dtype), extrapolate=extrapolate)
+        given = np.asarray(coeffs).dtype
+        return cls(points, local.astype(_result_dtype(dtype, given)), extrapolate=extrapolate)
 
     def to_torchpace(self, aos: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(coeffs, partition_points) in torchPACE's global-coordinate layout (float64).
@@ -321,6 +429,19 @@ def _real_float64(value, name: str) -> np.ndarray:
     if np.iscomplexobj(array):
         raise TypeError(f"{name} must be real, got {name}.dtype={array.dtype}")
     return array.astype(np.float64)
+
+
+def _result_dtype(requested, given) -> np.dtype:
+    """The converters' result dtype: ``requested``, else ``given`` when floating, in JAX's
+    default precision (float32 without ``jax_enable_x64``); an explicit float64 without x64
+    is an error rather than a silent float32."""
+    if requested is not None:
+        requested = np.dtype(requested)
+        if requested == np.float64 and not jax.config.jax_enable_x64:
+            raise ValueError("dtype=float64 needs jax.config.update('jax_enable_x64', True)")
+        return requested
+    floating = jnp.issubdtype(given, jnp.floating)
+    return np.dtype(jax.dtypes.canonicalize_dtype(given if floating else np.float64))
 
 
 def _check_order(nu, name: str) -> None:
