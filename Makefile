@@ -35,8 +35,12 @@ $(VENV)/.test-deps: pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e ".[test,docs,notebooks]" pytest-xdist
 	touch $@
 
+# The demo keeps compiled programs in JAX's persistent compilation cache, so a second
+# `make demo` skips most compilation (the library never switches the cache on itself).
+JAX_CACHE_DIR ?= $(HOME)/.cache/gpustat-jax/jax
 demo: $(VENV)/.demo-deps
-	$(PY) -m gpustat demo
+	JAX_COMPILATION_CACHE_DIR=$(JAX_CACHE_DIR) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+		$(PY) -m gpustat demo
 
 test: $(VENV)/.test-deps
 	$(MAKE) lint pytest notebooks docs

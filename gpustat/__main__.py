@@ -1,4 +1,8 @@
-"""Command line: ``python -m gpustat info | demo | bench <module>``."""
+"""Command line: ``python -m gpustat info | demo | bench <module>`` (also ``gpustat-jax ...``).
+
+The import name ``gpustat`` is shared with NVIDIA's GPU monitor (distribution ``gpustat``);
+``python -m gpustat info`` names this library and its distribution, ``gpustat-jax``.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +47,9 @@ def info() -> str:
     """What this machine runs: versions, devices, backends, kernels."""
     import gpustat
 
-    lines = [f"gpustat {gpustat.__version__} (python {platform.python_version()})"]
+    lines = [f"gpustat {gpustat.__version__}: JAX GPU kernels for statistical computation "
+             f"(distribution gpustat-jax {_version('gpustat-jax')}, python "
+             f"{platform.python_version()}, {Path(gpustat.__file__).parent})"]
     lines += [f"  {name:<10} {_version(name)}" for name in _PACKAGES]
     lines.append(f"JAX default backend: {jax.default_backend()}")
     for device in jax.devices():
@@ -55,33 +61,49 @@ def info() -> str:
     return "\n".join(lines)
 
 
-def _format_table(rows) -> str:
-    header = ("capability", "case", "backend", "max error", "time (ms)", "note")
-    body = [(r.capability, r.case, r.backend, f"{r.max_error:.2e}", f"{r.seconds * 1e3:.2f}",
-             r.note) for r in rows]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *body, strict=True)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt.format(*header), rule, *(fmt.format(*b) for b in body)])
+_HEADER = ("capability", "case", "backend", "max error", "time (ms)", "note")
+_WIDTHS = (13, 34, 9, 9, 10, 0)
 
 
-def demo(backend: str, only: list[str] | None, small: bool) -> list:
+def _format_row(cells) -> str:
+    return "  ".join(f"{c:<{w}}" if w else str(c) for c, w in zip(cells, _WIDTHS, strict=True))
+
+
+def _row_cells(r) -> tuple:
+    return (r.capability, r.case, r.backend, f"{r.max_error:.2e}", f"{r.seconds * 1e3:.2f}",
+            r.note)
+
+
+def _table_head() -> str:
+    return "\n".join([_format_row(_HEADER), _format_row(["-" * max(w, 4) for w in _WIDTHS])])
+
+
+def demo(backend: str, only: list[str] | None, small: bool, stream: bool = False) -> list:
     """Run the demos of ``only`` (default: all) through ``backend`` ("auto": the kernels
-    on a GPU, the reference and interpret mode elsewhere) and return the rows."""
+    on a GPU, the reference and interpret mode elsewhere) and return the rows; with
+    ``stream`` each row is printed as a table line when it completes."""
+    from tqdm import tqdm
+
     if backend == "auto":
         backends = ["pallas"] if cuda_gpu_available() else ["reference", "interpret"]
     else:
         resolve_backend(backend, op="demo")
         backends = [backend]
-    rows = []
+    runs = []
     for module in demo_modules(only):
         if getattr(module, "FLOAT64_ONLY", False) and not jax.config.jax_enable_x64:
             print(f"skipping {module.CAPABILITY}: float64 only, and 64-bit types are off "
                   "(GPUSTAT_X32=1)", file=sys.stderr, flush=True)
             continue
-        for name in backends:
-            print(f"running {module.CAPABILITY} [{name}] ...", file=sys.stderr, flush=True)
-            rows += module.run(name, small)
+        runs += [(module, name) for name in backends]
+    rows = []
+    with tqdm(runs, desc="demo", unit="run", file=sys.stderr, leave=False) as progress:
+        for module, name in progress:
+            progress.set_postfix_str(f"{module.CAPABILITY} [{name}]")
+            for row in module.run(name, small):
+                rows.append(row)
+                if stream:
+                    progress.write(_format_row(_row_cells(row)), file=sys.stdout)
     return rows
 
 
@@ -130,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     epilog = ("64-bit types are on unless GPUSTAT_X32=1 (the demo then skips the "
               "float64-only bms and border).")
     parser = argparse.ArgumentParser(prog="python -m gpustat", description=__doc__,
-                                     epilog=epilog)
+                                     epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, devices, backends, which kernels run here")
     p_demo = sub.add_parser("demo", help="every capability end to end on small synthetic data")
@@ -153,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         print(info())
     elif args.command == "demo":
         try:
-            rows = demo(args.backend, args.only, small=not args.full)
+            resolve_backend(args.backend, op="demo")
+            print(_table_head(), flush=True)
+            rows = demo(args.backend, args.only, small=not args.full, stream=True)
         except BackendUnavailableError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(_format_table(rows))
         if any(r.max_error != r.max_error for r in rows):  # NaN error: a demo failed
             return 1
     else:

@@ -29,6 +29,12 @@ jax.config.update("jax_enable_x64", True)
 
 from gpustat import bms
 
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n = 40 if SMALL else 2000
 rng = np.random.default_rng(0)

@@ -35,6 +35,12 @@ import numpy as np
 
 from gpustat import distributed, mixture
 
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 mesh = distributed.make_mesh()
 print(mesh, jax.devices())
 

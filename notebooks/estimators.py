@@ -21,12 +21,19 @@ import os
 import tempfile
 import time
 
+import jax
 import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
 from gpustat import FFMClassifier, FMClassifier, FwFMClassifier
 from gpustat.estimators._data import make_ctr
+
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n_train, n_test = (6_000, 2_000) if SMALL else (200_000, 50_000)

@@ -27,6 +27,12 @@ import gpustat
 from gpustat import factorization as fz
 
 jax.config.update("jax_enable_x64", True)
+
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n_rows = 4_000 if SMALL else 200_000
 n_fields, vocab, k = 8, 100, 4

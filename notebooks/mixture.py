@@ -22,6 +22,12 @@ import numpy as np
 import gpustat
 from gpustat import mixture
 
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n_cells = 3_000 if SMALL else 200_000
 print("backends here:", gpustat.available_backends())

@@ -29,6 +29,12 @@ import numpy as np
 
 from gpustat import numerics
 
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 n = 200 if SMALL else 4000
 

@@ -29,6 +29,12 @@ jax.config.update("jax_enable_x64", True)
 import gpustat
 from gpustat.piecewise import ACTIVATIONS
 
+# Compiled programs persist across runs (JAX's compilation cache; the library itself never
+# switches it on).
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(os.path.expanduser("~"), ".cache", "gpustat-jax", "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 SMALL = os.environ.get("GPUSTAT_NOTEBOOK_SMALL") == "1"
 FIGURES = tempfile.gettempdir()  # where the figures are written
 print("backends:", gpustat.available_backends(), "| small run:", SMALL)

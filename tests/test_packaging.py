@@ -35,3 +35,22 @@ def test_core_dependencies_cover_the_package_imports():
     third_party = imported - set(sys.stdlib_module_names) - {"gpustat"}
     missing = {DISTRIBUTIONS.get(name, name) for name in third_party} - declared
     assert not missing, f"imported by gpustat but not in [project] dependencies: {missing}"
+
+
+def test_distribution_name_and_command_do_not_clash_with_the_gpu_monitor():
+    """``gpustat`` on the package index is NVIDIA's GPU monitor (with a ``gpustat`` command)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "gpustat-jax"
+    assert "gpustat" not in project.get("scripts", {})
+
+
+def test_import_gpustat_loads_no_capability_until_used():
+    import subprocess
+
+    code = ("import sys, gpustat; heavy = ['jax', 'sklearn', 'optax', 'scipy', "
+            "'jax.experimental.pallas', 'gpustat.mixture']; "
+            "print([m for m in heavy if m in sys.modules]); "
+            "gpustat.GaussianMixture; print('gpustat.mixture' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split("\n")
+    assert out[:2] == ["[]", "True"], out
