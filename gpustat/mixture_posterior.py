@@ -50,6 +50,7 @@ from gpustat.mixture_params import MixtureParams
 __all__ = ["MixtureDraws", "PosteriorEstimate", "PosteriorSummary", "relabel"]
 
 RELABEL_METHODS = ("hungarian", "order", "none")
+_COST_CHUNK = 1 << 22  # cost-matrix entries formed at once (32 MiB of float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,9 +245,10 @@ def relabel(result: GibbsResult, *, burn: int = 0, method: str = "hungarian",
     else:
         permutation = np.broadcast_to(np.arange(m), (c, t - burn, m))
 
-    def take(draws):
-        index = permutation.reshape(permutation.shape + (1,) * (draws.ndim - 3))
-        return np.take_along_axis(draws[:, burn:], index, axis=2)
+    chains, sweeps = np.ogrid[:c, burn:t]
+
+    def take(draws):  # draws[i, burn + s, permutation[i, s, l], ...]
+        return draws[chains[:, :, None], sweeps[:, :, None], permutation]
 
     return MixtureDraws(loglik[:, burn:], alpha[:, burn:], take(counts), take(weights),
                         take(means), take(covariances), np.array(permutation))
@@ -277,19 +279,29 @@ def _check_reference(reference, c: int, t: int) -> tuple[int, int]:
 def _hungarian(weights, means, ref_weights, ref_means, ref_covariances) -> np.ndarray:
     """(c, t, m) permutations minimising the module docstring's cost C to the reference."""
     c, t, m, p = means.shape
-    spread = np.einsum("l,laa->a", ref_weights.astype(np.float64),
-                       ref_covariances.astype(np.float64))
+    ref_weights = ref_weights.astype(np.float64)
+    spread = np.einsum("l,laa->a", ref_weights, ref_covariances.astype(np.float64))
     scale = 1.0 / np.sqrt(np.maximum(spread, np.finfo(np.float64).tiny))
-    a = means.reshape(c * t, m, p) * scale  # float64
+    draws = means.reshape(c * t, m, p)
+    weights = weights.reshape(c * t, m)
     b = ref_means * scale
-    # |a_j - b_l|^2 expanded: the (draws, m, m) costs without a (draws, m, m, p) array
-    cost = ((a * a).sum(-1)[:, :, None] + (b * b).sum(-1)[None, None, :]
-            - 2.0 * np.einsum("dja,la->djl", a, b))
-    w = weights.reshape(c * t, m).astype(np.float64)[:, :, None]
-    w_ref = ref_weights.astype(np.float64)[None, None, :]
-    cost = m * (w + w_ref) / 2.0 * np.maximum(cost, 0.0) + (m * (w - w_ref)) ** 2
     permutation = np.empty((c * t, m), np.int64)
-    for d in range(c * t):
+    chunk = max(1, _COST_CHUNK // (m * m))
+    for start in range(0, c * t, chunk):
+        a = draws[start:start + chunk] * scale  # float64
+        # |a_j - b_l|^2 expanded: (draws, m, m) costs without a (draws, m, m, p) array
+        distance = ((a * a).sum(-1)[:, :, None] + (b * b).sum(-1)[None, None, :]
+                    - 2.0 * np.matmul(a, b.T))
+        w = weights[start:start + chunk, :, None].astype(np.float64)
+        w_ref = ref_weights[None, None, :]
+        cost = m * (w + w_ref) / 2.0 * np.maximum(distance, 0.0) + (m * (w - w_ref)) ** 2
         # rows: reference components l; columns: the draw's components j
-        _, permutation[d] = scipy.optimize.linear_sum_assignment(cost[d].T)
+        cost = cost.transpose(0, 2, 1)
+        # where every reference component's cheapest draw component is a different one,
+        # that permutation is optimal (its cost is the sum of the row minima, a lower bound
+        # on every assignment's); the Hungarian algorithm runs on the other draws only
+        greedy = np.argmin(cost, axis=-1)
+        permutation[start:start + len(cost)] = greedy
+        for d in np.flatnonzero(np.any(np.sort(greedy, axis=-1) != np.arange(m), axis=-1)):
+            _, permutation[start + d] = scipy.optimize.linear_sum_assignment(cost[d])
     return permutation.reshape(c, t, m)

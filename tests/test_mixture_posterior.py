@@ -137,6 +137,36 @@ def test_hungarian_relabelling_recovers_the_permutations():
         np.testing.assert_array_equal(getattr(draws, name), unpermuted)
 
 
+def test_hungarian_relabelling_minimises_the_documented_cost():
+    """Random draws, m = 4: the permutation of every draw is the cheapest of all 4! under
+    C_jl = m (w_j + w*_l) / 2 sum_a (mu_ja - mu*_la)^2 / s_a^2 + m^2 (w_j - w*_l)^2,
+    s_a^2 = sum_l w*_l Sigma*_l,aa, summed over the pairs (l, permutation[l])."""
+    rng = np.random.default_rng(8)
+    c, t, m, p = 2, 30, 4, 2
+    weights = rng.dirichlet(np.ones(m), size=(c, t))
+    means = rng.normal(size=(c, t, m, p))
+    A = rng.normal(size=(c, t, m, p, p))
+    covs = A @ A.transpose(0, 1, 2, 4, 3) + np.eye(p)
+    result = mixture.GibbsResult(None, rng.normal(size=(c, t)), np.ones((c, t)),
+                                 weights * 50, weights, means, covs)
+    draws = mixture.relabel(result, reference=(1, 7))
+    w_ref, mu_ref, cov_ref = weights[1, 7], means[1, 7], covs[1, 7]
+    s2 = sum(w_ref[l] * np.diag(cov_ref[l]) for l in range(m))
+    greedy_is_a_permutation = []
+    for i, s in itertools.product(range(c), range(t)):
+        def cost(j, l, i=i, s=s):
+            distance = np.sum((means[i, s, j] - mu_ref[l]) ** 2 / s2)
+            return (m * (weights[i, s, j] + w_ref[l]) / 2 * distance
+                    + m**2 * (weights[i, s, j] - w_ref[l]) ** 2)
+        table = np.array([[cost(j, l) for j in range(m)] for l in range(m)])
+        best = min(itertools.permutations(range(m)),
+                   key=lambda perm: sum(table[l, j] for l, j in enumerate(perm)))
+        np.testing.assert_array_equal(draws.permutation[i, s], best)
+        greedy_is_a_permutation.append(len(set(np.argmin(table, axis=1))) == m)
+    # both ways to the optimum ran: the row minima and the Hungarian algorithm
+    assert any(greedy_is_a_permutation) and not all(greedy_is_a_permutation)
+
+
 def test_hungarian_reference_defaults_to_the_best_scored_draw():
     """loglik[:, s] scores the draw of sweep s - 1: the default reference is the kept
     draw before the highest score, whose labelling the relabelled draws take."""
