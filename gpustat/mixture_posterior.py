@@ -168,8 +168,9 @@ class MixtureDraws:
 
         Group ``posterior``: ``weights`` (chain, draw, component), ``means`` (chain, draw,
         component, feature), ``covariances`` (chain, draw, component, feature,
-        feature_bis) and ``alpha`` (chain, draw); group ``sample_stats``: ``loglik``
-        (chain, draw) and ``counts`` (chain, draw, component).
+        feature_bis) and, when it was sampled (not constant), ``alpha`` (chain, draw);
+        group ``sample_stats``: ``loglik`` (chain, draw) and ``counts`` (chain, draw,
+        component).
 
         Args:
             feature_names: p names for the ``feature`` coordinate; default 0..p-1.
@@ -186,9 +187,12 @@ class MixtureDraws:
                              f"{features.shape[0] if features.ndim == 1 else features.shape} "
                              f"names")
         component = ["component"]
+        posterior = {"weights": self.weights, "means": self.means,
+                     "covariances": self.covariances}
+        if np.any(self.alpha != self.alpha.flat[0]):
+            posterior["alpha"] = self.alpha
         return arviz.from_dict(
-            {"posterior": {"weights": self.weights, "means": self.means,
-                           "covariances": self.covariances, "alpha": self.alpha},
+            {"posterior": posterior,
              "sample_stats": {"loglik": self.loglik, "counts": self.counts}},
             dims={"weights": component, "means": [*component, "feature"],
                   "covariances": [*component, "feature", "feature_bis"],

@@ -254,6 +254,11 @@ def test_draws_convert_to_arviz():
     assert list(posterior["means"].coords["feature"].values) == ["a", "b"]
     np.testing.assert_array_equal(posterior["covariances"].values, draws.covariances)
     np.testing.assert_array_equal(tree["sample_stats"]["loglik"].values, draws.loglik)
+    np.testing.assert_array_equal(posterior["alpha"].values, draws.alpha)
+    fixed = mixture.relabel(mixture.GibbsResult(
+        None, result.loglik, np.ones((c, t)), result.counts, result.weights, means,
+        result.covariances), method="none")
+    assert "alpha" not in fixed.to_arviz()["posterior"]  # alpha was not sampled
     rhat = az.rhat(tree)["means"].values
     # iid draws agree across chains (R-hat ~ 1); the shifted component does not
     assert np.all(np.abs(rhat[0] - 1) < 0.02), rhat
