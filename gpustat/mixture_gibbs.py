@@ -182,7 +182,9 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
         init: starting :class:`MixtureParams` (full; e.g. a BEM fit); default k-means++
             seeds per chain.
         alpha: initial stick-breaking concentration.
-        component_prior: NIW prior; default :meth:`NIWPrior.weak` of X.
+        component_prior: NIW prior; default :meth:`NIWPrior.weak` of X (its feature
+            variances floored, so a constant feature or identical points give finite
+            chains).
         weight_prior: stick-breaking prior with Gamma(e, f) on alpha; default (alpha, 1, 1).
         sample_alpha: resample alpha every sweep.
         backend: "auto", "pallas", "reference" or "interpret" for the label/statistics ops.
@@ -192,7 +194,8 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
             only: the bar closes when the draws are ready.
 
     Returns:
-        :class:`GibbsResult` with (c, t, ...) traces.
+        :class:`GibbsResult` with (c, t, ...) traces; :func:`gpustat.mixture.relabel`
+        drops the burn-in and undoes label switching before summaries and ArviZ.
     """
     X = check_data(X)
     check_precision(precision)

@@ -183,9 +183,8 @@ class MixtureDraws:
         m, p = self.means.shape[2:]
         features = np.arange(p) if feature_names is None else np.asarray(feature_names)
         if features.shape != (p,):
-            raise ValueError(f"feature_names must name the p={p} features, got "
-                             f"{features.shape[0] if features.ndim == 1 else features.shape} "
-                             f"names")
+            raise ValueError(f"feature_names must be p={p} names, got shape "
+                             f"{features.shape}")
         component = ["component"]
         posterior = {"weights": self.weights, "means": self.means,
                      "covariances": self.covariances}
@@ -223,6 +222,8 @@ def relabel(result: GibbsResult, *, burn: int = 0, method: str = "hungarian",
         raise TypeError(f"result must be a GibbsResult, got {type(result).__name__}")
     if method not in RELABEL_METHODS:
         raise ValueError(f"method must be one of {RELABEL_METHODS}, got {method=!r}")
+    if reference is not None and method != "hungarian":
+        raise ValueError(f"reference is for method='hungarian', got {method=!r}")
     loglik, alpha, counts, weights, means, covariances = (np.asarray(a) for a in (
         result.loglik, result.alpha, result.counts, result.weights, result.means,
         result.covariances))
@@ -237,7 +238,7 @@ def relabel(result: GibbsResult, *, burn: int = 0, method: str = "hungarian",
         permutation = _hungarian(weights[:, burn:], means[:, burn:],
                                  weights[reference], means[reference], covariances[reference])
     elif method == "order":
-        if order_by == "weights":
+        if isinstance(order_by, str) and order_by == "weights":
             key = -weights[:, burn:]
         elif isinstance(order_by, (int, np.integer)) and not isinstance(order_by, bool) \
                 and 0 <= order_by < p:

@@ -276,6 +276,7 @@ def test_bad_arguments_are_named():
     for bad, name in (({"method": "stephens"}, "method"), ({"burn": 4}, "burn"),
                       ({"burn": -1}, "burn"), ({"reference": (1, 0)}, "reference"),
                       ({"reference": 3}, "reference"),
+                      ({"method": "order", "reference": (0, 0)}, "reference"),
                       ({"method": "order", "order_by": 2}, "order_by"),
                       ({"method": "order", "order_by": "means"}, "order_by")):
         with pytest.raises(ValueError, match=name):
