@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 
+import arviz as az
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -118,6 +119,28 @@ occupied = np.asarray(gibbs.counts[:, burn:] > 0.01 * len(X)).sum(-1)
 print("occupied components per sweep (after burn-in): mean",
       occupied.mean(), "range", occupied.min(), "-", occupied.max())
 print("posterior mean of alpha:", float(gibbs.alpha[:, burn:].mean()))
+
+# %% [markdown]
+# ## Posterior summaries: relabelling, credible intervals, R-hat
+#
+# A component's label can switch between sweeps and chains, so the draws are
+# relabelled before they are averaged: `relabel` permutes every kept draw to the
+# one of highest log-likelihood (Hungarian assignment on means and weights). The
+# summary gives posterior means and 90% credible intervals; ArviZ computes R-hat
+# and effective sample sizes from `to_arviz()`. R-hat above about 1.01 or a bulk
+# ESS of a few dozen says the chains have not mixed: run more sweeps (the quick
+# run's 40 sweeps are far too few; the over-split populations below also keep
+# components trading cells).
+
+# %%
+draws = mixture.relabel(gibbs, burn=burn)
+summary = draws.summary(level=0.9)
+heavy = summary.weights.mean >= 0.05
+print(summary.table(min_weight=0.05))
+tree = draws.to_arviz(feature_names=markers)
+print("R-hat of the relabelled means (components of weight >= 5%):")
+print(np.round(az.rhat(tree)["means"].values[heavy], 3))
+print("bulk ESS of their weights:", np.round(az.ess(tree)["weights"].values[heavy]))
 
 # %% [markdown]
 # ## EM against Gibbs

@@ -230,7 +230,7 @@ def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Me
                 sweep_key, Xc, w, state, axis=axis, component_prior=prior, weight_prior=sticks,
                 sample_alpha=sample_alpha, backend=backend, precision=precision)
             return state, (loglik, state.alpha, counts, state.params.weights,
-                           state.params.means + shift)
+                           state.params.means + shift, state.params.covariances)
 
         final, trace = jax.lax.scan(step, state, jax.random.split(key, n_sweeps))
         final = dataclasses.replace(final, params=dataclasses.replace(

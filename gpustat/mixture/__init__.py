@@ -13,7 +13,8 @@ per chunk of rows (no n x m matrix): memory O(n p + chunk m + m p^2).
 This module is the functional namespace: ops (:func:`mvn_logpdf`, :func:`log_prob`,
 :func:`responsibilities`, :func:`suff_stats`, :func:`sample_labels`,
 :func:`suff_stats_from_labels`), the M-step, the drivers (:func:`fit_em`, :func:`fit_bem`,
-:func:`fit_gibbs`, streaming :func:`online_em_step`) and their data types. The
+:func:`fit_gibbs`, streaming :func:`online_em_step`), the Gibbs output's relabelling and
+summaries (:func:`relabel`, :class:`MixtureDraws`) and their data types. The
 scikit-learn-compatible estimator is :class:`gpustat.GaussianMixture`.
 """
 
@@ -43,6 +44,10 @@ from gpustat.mixture._ops import responsibilities as responsibilities
 from gpustat.mixture._ops import sample_labels as sample_labels
 from gpustat.mixture._ops import suff_stats as suff_stats
 from gpustat.mixture._ops import suff_stats_from_labels as suff_stats_from_labels
+from gpustat.mixture._posterior import MixtureDraws as MixtureDraws
+from gpustat.mixture._posterior import PosteriorEstimate as PosteriorEstimate
+from gpustat.mixture._posterior import PosteriorSummary as PosteriorSummary
+from gpustat.mixture._posterior import relabel as relabel
 from gpustat.mixture._priors import DirichletPrior as DirichletPrior
 from gpustat.mixture._priors import NIWPrior as NIWPrior
 from gpustat.mixture._priors import StickBreakingPrior as StickBreakingPrior
@@ -59,9 +64,12 @@ __all__ = [
     "GaussianMixture",
     "GibbsResult",
     "GibbsState",
+    "MixtureDraws",
     "MixtureParams",
     "NIWPrior",
     "OnlineEMState",
+    "PosteriorEstimate",
+    "PosteriorSummary",
     "StickBreakingPrior",
     "SuffStats",
     "fit_bem",
@@ -76,6 +84,7 @@ __all__ = [
     "online_em_init",
     "online_em_step",
     "online_params",
+    "relabel",
     "responsibilities",
     "sample_labels",
     "sample_niw_posterior",

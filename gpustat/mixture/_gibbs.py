@@ -12,7 +12,8 @@ One sweep (Ishwaran and James 2001; Suchard et al. 2010, section 2.2):
    alpha ~ Gamma(m + e - 1, f - sum_{j<m} log(1 - V_j)) (:func:`sample_sticks`).
 
 Chains run by ``vmap`` over keys; every sweep records log-likelihood, alpha, counts,
-weights and means.
+weights, means and covariances (relabelled and summarised by
+:mod:`gpustat.mixture._posterior`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class GibbsResult:
         counts: (c, t, m) component sizes N_j.
         weights: (c, t, m) weight draws.
         means: (c, t, m, p) mean draws.
+        covariances: (c, t, m, p, p) covariance draws (the largest trace: c t m p^2
+            numbers).
+
+    The components of the traces switch labels between and within chains; summarise them
+    through :func:`gpustat.mixture.relabel`.
     """
 
     state: GibbsState
@@ -74,6 +80,7 @@ class GibbsResult:
     counts: Float[Array, "c t m"]
     weights: Float[Array, "c t m"]
     means: Float[Array, "c t m p"]
+    covariances: Float[Array, "c t m p p"]
 
 
 def _bartlett_upper(key, dof, p, dtype):
@@ -176,7 +183,9 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
         init: starting :class:`MixtureParams` (full; e.g. a BEM fit); default k-means++
             seeds per chain.
         alpha: initial stick-breaking concentration.
-        component_prior: NIW prior; default :meth:`NIWPrior.weak` of X.
+        component_prior: NIW prior; default :meth:`NIWPrior.weak` of X (its feature
+            variances floored, so a constant feature or identical points give finite
+            chains).
         weight_prior: stick-breaking prior with Gamma(e, f) on alpha; default (alpha, 1, 1).
         sample_alpha: resample alpha every sweep.
         backend: "auto", "pallas", "reference" or "interpret" for the label/statistics ops.
@@ -186,7 +195,8 @@ def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int =
             only: the bar closes when the draws are ready.
 
     Returns:
-        :class:`GibbsResult` with (c, t, ...) traces.
+        :class:`GibbsResult` with (c, t, ...) traces; :func:`gpustat.mixture.relabel`
+        drops the burn-in and undoes label switching before summaries and ArviZ.
     """
     X = check_data(X)
     check_precision(precision)
@@ -288,14 +298,14 @@ def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components,
             if progress:
                 jax.debug.callback(_report_sweep, index + 1, loglik)
             trace = (loglik, state.alpha, counts, state.params.weights,
-                     state.params.means + shift)
+                     state.params.means + shift, state.params.covariances)
             return state, trace
 
         return jax.lax.scan(step, state, (jax.random.split(chain_key, n_sweeps),
                                           jnp.arange(n_sweeps)))
 
-    final, (loglik, alphas, counts, weights, means) = jax.vmap(chain)(keys, starts)
+    final, trace = jax.vmap(chain)(keys, starts)
     final = dataclasses.replace(final, params=dataclasses.replace(
         final.params, means=final.params.means + shift))
-    return GibbsResult(final, loglik, alphas, counts, weights, means)
+    return GibbsResult(final, *trace)
 

@@ -68,14 +68,37 @@ class NIWPrior:
     scale: Float[Array, "p p"]
 
     @classmethod
-    def weak(cls, X, kappa: float = 0.01, dof: float | None = None, scale: float = 0.1):
-        """A weakly informative prior centred on data X (n, p): m = mean(X),
-        Phi = scale * diag(var(X)) * (nu - p - 1) so that E[Sigma] = scale * diag(var X)."""
+    def weak(cls, X, kappa: float = 0.01, dof: float | None = None, scale: float = 0.1,
+             *, var_floor: float = 1e-6):
+        """A weakly informative prior centred on data X (n, p).
+
+        m = mean(X), nu = p + 2 unless given, Phi = scale * (nu - p - 1) * diag(v) so that
+        E[Sigma] = scale * diag(v), with v_a = max(var(X_a), var_floor * s): the variances
+        floored relative to the data scale s = max_a var(X_a), or, when every feature is
+        constant (identical points), s = max(max_a mean(X_a)^2, 1). A constant feature thus
+        gets a small, positive prior variance instead of a singular Phi (whose Cholesky
+        factor, and every draw after it, would be NaN).
+
+        Args:
+            X: (n, p) data.
+            kappa: prior pseudo-count of the mean.
+            dof: inverse-Wishart degrees of freedom; default p + 2.
+            scale: E[Sigma] as a fraction of the (floored) feature variances.
+            var_floor: the smallest feature variance, relative to s (> 0).
+        """
         X = jnp.asarray(X)
         p = X.shape[1]
+        if not var_floor > 0:
+            raise ValueError(f"var_floor must be > 0, got {var_floor=}")
         nu = p + 2.0 if dof is None else dof
-        return cls(jnp.mean(X, axis=0), jnp.asarray(kappa, X.dtype), jnp.asarray(nu, X.dtype),
-                   jnp.diag(jnp.var(X, axis=0)) * scale * max(nu - p - 1, 1.0))
+        mean = jnp.mean(X, axis=0)
+        var = jnp.var(X, axis=0)
+        largest = jnp.max(var)
+        data_scale = jnp.where(largest > 0, largest,
+                               jnp.maximum(jnp.max(mean * mean), jnp.ones((), X.dtype)))
+        var = jnp.maximum(var, var_floor * data_scale)
+        return cls(mean, jnp.asarray(kappa, X.dtype), jnp.asarray(nu, X.dtype),
+                   jnp.diag(var) * scale * max(nu - p - 1, 1.0))
 
 
 def _in_dtype(prior, dtype):
