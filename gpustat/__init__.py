@@ -39,6 +39,7 @@ from gpustat.factorization import ffm_predict as ffm_predict  # noqa: E402
 from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
 from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
 from gpustat.libffm import dump_libffm as dump_libffm  # noqa: E402
+from gpustat.libffm import iter_libffm as iter_libffm  # noqa: E402
 from gpustat.libffm import load_libffm as load_libffm  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
@@ -73,6 +74,7 @@ __all__ = [
     "fm_predict",
     "ftrl",
     "fwfm_predict",
+    "iter_libffm",
     "lazy_adagrad",
     "lazy_adam",
     "lazy_sgd",
