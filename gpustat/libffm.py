@@ -130,10 +130,13 @@ def _read_header(line: bytes) -> tuple[int, np.ndarray, np.ndarray]:
 
 def _numbers(buf: np.ndarray, dtype) -> np.ndarray | None:
     """All white-space separated numbers of ``buf`` (uint8) in ``dtype``; None if one is not."""
+    text = buf.tobytes()
+    if not text.strip():
+        return np.zeros(0, dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         try:
-            return np.fromstring(buf.tobytes(), dtype=dtype, sep=" ")
+            return np.fromstring(text, dtype=dtype, sep=" ")
         except (ValueError, DeprecationWarning):
             return None
 
@@ -169,7 +172,7 @@ class _Parser:
 
     ``fields`` is the field of every feature seen so far (-1 unseen), grown as
     needed unless fixed (``field_ids`` given); ``first_line`` the line where each
-    feature was first seen (0 for fields given in advance or by the header).
+    feature was first seen (1, the header's line, for the fields it lists).
     """
 
     def __init__(self, n_features: int | None, field_ids: np.ndarray | None, dtype):

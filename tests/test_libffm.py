@@ -248,3 +248,11 @@ def test_dump_rejects_complex_and_non_matrix_X(tmp_path, X, error, match):
 def test_dump_rejects_complex_y(tmp_path):
     with pytest.raises(TypeError, match="y must be real"):
         dump_libffm(tmp_path / "x.ffm", np.eye(2), np.array([1j, 0]), np.zeros(2, int))
+
+
+def test_blank_and_label_only_input():
+    X, y, fields = load_libffm(["", "  ", "1", "\t0"])
+    assert X.shape == (2, 0) and fields.shape == (0,)
+    np.testing.assert_array_equal(y, [1.0, 0.0])
+    assert load_libffm([])[0].shape == (0, 0)
+    assert list(iter_libffm([""], n_features=3)) == []
