@@ -434,8 +434,9 @@ def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows
     """Read libffm text in chunks of rows, with memory bounded by the chunk, not the file.
 
     Every chunk has the same width ``p``, so each can go straight to
-    ``partial_fit``. Lines are read in 4 MiB blocks; at most one block and
-    ``chunk_rows`` rows are held at a time (plus the ``(p,)`` field table).
+    ``partial_fit``. Lines are read in 4 MiB blocks; at a time the reader holds
+    one block's text and rows, fewer than ``chunk_rows`` rows carried over, and
+    the ``(p,)`` field table.
 
     Args:
         source: as :func:`load_libffm` (a path, or an iterable of lines).

@@ -20,10 +20,11 @@ With ``f(i)`` the field of feature ``i`` and ``Z`` the nonzero set of a row:
 scaled by a power of two :math:`2^{-e_t}` near the row's largest :math:`|u_{it}|`
 (:func:`fm_pair_sum`) and scaled back by :math:`4^{e_t}`: the squares, which hold the
 diagonal terms :math:`u_{it}^2` that the identity subtracts again, cannot overflow
-where the score itself fits (``x`` near 1e20 in float32), and the power-of-two scaling
-changes no rounding. FFM and FwFM multiply each factor by its value before the dot,
-:math:`\langle V x_i, V x_j\rangle`, so large values times small factors neither
-overflow nor underflow on the way to a representable pair term.
+where each factor's pair term fits (``x`` near 1e20 in float32), and power-of-two
+scaling changes no rounding (short of subnormals). FFM and FwFM multiply each factor
+by its value before the dot, :math:`\langle V x_i, V x_j\rangle`, so large values
+times small factors neither overflow nor underflow on the way to a representable
+pair term.
 
 Each ``*_row`` function scores one padded row; ``*_scores`` vmaps it over every
 bucket of a :class:`~gpustat.csr.CSR` and scatters the scores back to row order.
@@ -126,7 +127,8 @@ def fm_pair_sum(vx: Float[Array, "*batch k"], axis: int) -> Array:
 
     Computed as ``1/2 sum_t [(sum_i u_it)^2 - sum_i u_it^2]`` with ``u_it`` scaled
     by ``2**-e_t``, ``e_t`` the :func:`scale_exponent` of ``max_i |u_it|``, and the
-    result by ``4**e_t``: exact scaling, and no overflow where the pair term fits.
+    result by ``4**e_t``: exact scaling, and no overflow where each factor's pair term
+    fits. The identity's rounding error stays eps times ``sum_i u_it**2``.
     Returns ``vx``'s shape without ``axis`` and ``k``.
     """
     e = scale_exponent(jnp.max(jnp.abs(vx), axis=axis, keepdims=True))
