@@ -40,7 +40,9 @@ from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
 from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
 from gpustat.libffm import dump_libffm as dump_libffm  # noqa: E402
 from gpustat.libffm import iter_libffm as iter_libffm  # noqa: E402
+from gpustat.libffm import iter_svmlight as iter_svmlight  # noqa: E402
 from gpustat.libffm import load_libffm as load_libffm  # noqa: E402
+from gpustat.libffm import load_svmlight as load_svmlight  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
@@ -75,10 +77,12 @@ __all__ = [
     "ftrl",
     "fwfm_predict",
     "iter_libffm",
+    "iter_svmlight",
     "lazy_adagrad",
     "lazy_adam",
     "lazy_sgd",
     "load_libffm",
+    "load_svmlight",
     "mixture",
     "numerics",
     "ppoly_eval",

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 
 from gpustat._checks import is_int
 
-__all__ = ["dump_libffm", "iter_libffm", "load_libffm"]
+__all__ = ["dump_libffm", "iter_libffm", "iter_svmlight", "load_libffm", "load_svmlight"]
 
 _HEADER = b"# gpustat-libffm"
 _BLOCK_BYTES = 1 << 22
@@ -67,48 +67,48 @@ def _file_blocks(path) -> Iterator[bytes]:
             yield rest + b"\n"
 
 
-def _line_blocks(lines: Iterable) -> Iterator[bytes]:
+def _line_blocks(lines: Iterable, op: str) -> Iterator[bytes]:
     """Lines (str or bytes, with or without their line break) joined into blocks."""
     pending, size, line_no = [], 0, 0
     for line_no, line in enumerate(lines, start=1):
         if isinstance(line, str):
             line = line.encode("utf-8")
         elif not isinstance(line, (bytes, bytearray, memoryview)):
-            raise TypeError(f"load_libffm: line {line_no}: source must yield str or bytes "
+            raise TypeError(f"{op}: line {line_no}: source must yield str or bytes "
                             f"lines, got {type(line).__name__}")
         line = bytes(line)
         line = line[:-1] if line.endswith(b"\n") else line
         pending.append(line)
         size += len(line) + 1
         if size >= _BLOCK_BYTES:
-            yield _joined(pending, line_no)
+            yield _joined(pending, line_no, op)
             pending, size = [], 0
     if pending:
-        yield _joined(pending, line_no)
+        yield _joined(pending, line_no, op)
 
 
-def _joined(lines: list[bytes], last_line: int) -> bytes:
+def _joined(lines: list[bytes], last_line: int, op: str) -> bytes:
     block = b"\n".join(lines) + b"\n"
     if block.count(b"\n") != len(lines):
         first = last_line - len(lines) + 1
         bad = next(i for i, line in enumerate(lines) if b"\n" in line)
-        raise ValueError(f"load_libffm: line {first + bad}: an item of source holds a line "
+        raise ValueError(f"{op}: line {first + bad}: an item of source holds a line "
                          "break; pass one line per item")
     return block
 
 
-def _blocks(source) -> Iterator[bytes]:
+def _blocks(source, op: str) -> Iterator[bytes]:
     if isinstance(source, (str, os.PathLike)):
         return _file_blocks(source)
     if isinstance(source, (bytes, bytearray)):
-        raise TypeError("load_libffm: source must be a path or an iterable of lines, got "
+        raise TypeError(f"{op}: source must be a path or an iterable of lines, got "
                         f"{type(source).__name__} (split the text into lines)")
-    return _line_blocks(source)
+    return _line_blocks(source, op)
 
 
 # -- header ---------------------------------------------------------------------------------
 
-def _read_header(line: bytes) -> tuple[int, np.ndarray, np.ndarray]:
+def _read_header(line: bytes, op: str) -> tuple[int, np.ndarray, np.ndarray]:
     """``(n_features, unused features, their fields)`` of a ``# gpustat-libffm`` line."""
     words = line[len(_HEADER):].split()
     try:
@@ -117,11 +117,11 @@ def _read_header(line: bytes) -> tuple[int, np.ndarray, np.ndarray]:
         pairs = [pair.split(b":") for pair in fields.get(b"fields", b"").split(b",") if pair]
         table = np.array([[int(a), int(b)] for a, b in pairs], np.int64).reshape(-1, 2)
     except (KeyError, ValueError):
-        raise ValueError(f"load_libffm: line 1: malformed header {line.decode(errors='replace')!r}"
+        raise ValueError(f"{op}: line 1: malformed header {line.decode(errors='replace')!r}"
                          ) from None
     if not (0 <= n_features <= _INDEX_LIMIT and np.all(table >= 0)
             and np.all(table[:, 0] < n_features) and np.all(table[:, 1] <= _INDEX_LIMIT)):
-        raise ValueError(f"load_libffm: line 1: header values out of range in "
+        raise ValueError(f"{op}: line 1: header values out of range in "
                          f"{line.decode(errors='replace')!r}")
     return n_features, table[:, 0], table[:, 1]
 
@@ -141,41 +141,47 @@ def _numbers(buf: np.ndarray, dtype) -> np.ndarray | None:
             return None
 
 
-def _token_error(block: bytes, first_line: int) -> ValueError:
-    """The first malformed label or triple of ``block``, named by its line (error path only)."""
+def _token_error(block: bytes, first_line: int, op: str, parts: int) -> ValueError:
+    """The first malformed label or entry of ``block``, named by its line (error path only)."""
+    names = ("field", "feature", "value")[3 - parts:]
     for offset, line in enumerate(block.split(b"\n")):
         tokens = line.split()
         if not tokens:
             continue
         line_no = first_line + offset
         if not _NUMBER.fullmatch(tokens[0]):
-            return ValueError(f"load_libffm: line {line_no}: the label must be a number, got "
+            return ValueError(f"{op}: line {line_no}: the label must be a number, got "
                               f"{tokens[0].decode(errors='replace')!r}")
         for token in tokens[1:]:
-            parts = token.split(b":")
-            well_formed = (len(parts) == 3 and _NUMBER.fullmatch(parts[2])
-                           and all(_INTEGER.fullmatch(part) for part in parts[:2]))
-            if well_formed and (parts[0].startswith(b"-") or parts[1].startswith(b"-")):
-                return ValueError(f"load_libffm: line {line_no}: field and feature must be "
+            split = token.split(b":")
+            well_formed = (len(split) == parts and _NUMBER.fullmatch(split[-1])
+                           and all(_INTEGER.fullmatch(index) for index in split[:-1]))
+            if well_formed and any(index.startswith(b"-") for index in split[:-1]):
+                return ValueError(f"{op}: line {line_no}: {' and '.join(names[:-1])} must be "
                                   f">= 0, got {token.decode(errors='replace')!r}")
             if not well_formed:
-                return ValueError(f"load_libffm: line {line_no}: expected field:feature:value "
+                return ValueError(f"{op}: line {line_no}: expected {':'.join(names)} "
                                   f"(non-negative integers and a number), got "
                                   f"{token.decode(errors='replace')!r}")
     last_line = first_line + block.count(b"\n") - 1
-    return ValueError(f"load_libffm: lines {first_line}-{last_line}: a token numpy cannot "
-                      "parse as a number")
+    return ValueError(f"{op}: lines {first_line}-{last_line}: a token numpy cannot parse as a "
+                      "number")
 
 
 class _Parser:
     """Parses blocks of whole lines; keeps the line count and the field of each feature seen.
+
+    One parser reads libffm (``parts=3``) and svmlight (``parts=2``, no fields) lines.
 
     ``fields`` is the field of every feature seen so far (-1 unseen), grown as
     needed unless fixed (``field_ids`` given); ``first_line`` the line where each
     feature was first seen (1, the header's line, for the fields it lists).
     """
 
-    def __init__(self, n_features: int | None, field_ids: np.ndarray | None, dtype):
+    def __init__(self, op: str, parts: int, n_features: int | None,
+                 field_ids: np.ndarray | None, dtype):
+        self.op = op
+        self.parts = parts  # 3: field:feature:value (libffm), 2: feature:value (svmlight)
         self.n_features = n_features
         self.dtype = dtype
         self.fixed = field_ids is not None
@@ -218,35 +224,41 @@ class _Parser:
         word_lines = first_line + np.searchsorted(np.flatnonzero(a == 10), starts)
         is_label = np.ones(starts.shape, bool)
         is_label[1:] = word_lines[1:] != word_lines[:-1]
-        triple = ~is_label
+        triple = ~is_label  # every word after a line's label is one entry
         n_triples = int(np.count_nonzero(triple))
+        n_indices = self.parts - 1
         nondigit = (a - np.uint8(48)) > 9
         odd = np.flatnonzero(nondigit & ~blank)  # colons, and signs, points, letters
         colon = a[odd] == 58
         colons, odd = odd[colon], odd[~colon]
-        if colons.shape[0] != 2 * n_triples:
-            raise _token_error(block, first_line)
-        # the k-th pair of colons splits the k-th triple into three non-empty parts (so
-        # labels hold none and each triple exactly two)
-        t_starts, t_ends, c1, c2 = starts[triple], ends[triple], colons[0::2], colons[1::2]
-        if not np.all((t_starts < c1) & (c1 + 1 < c2) & (c2 + 1 < t_ends)):
-            raise _token_error(block, first_line)
-        # a sign, point or letter in a field or feature is an error; in a label or a
-        # value it makes the number a decimal one (parsed as a float)
+        if colons.shape[0] != n_indices * n_triples:
+            raise _token_error(block, first_line, self.op, self.parts)
+        # the k-th colons split the k-th entry into non-empty parts (so labels hold none
+        # and each entry exactly parts - 1)
+        t_starts, t_ends = starts[triple], ends[triple]
+        last = colons[n_indices - 1::n_indices]  # before the value
+        index_starts = np.stack([t_starts, *(colons[c::n_indices] + 1
+                                             for c in range(n_indices - 1))], axis=1)
+        index_ends = np.stack([colons[c::n_indices] for c in range(n_indices)], axis=1)
+        if not (np.all(index_starts < index_ends) and np.all(last + 1 < t_ends)):
+            raise _token_error(block, first_line, self.op, self.parts)
+        # a sign, point or letter in an index is an error; in a label or a value it
+        # makes the number a decimal one (parsed as a float)
         odd_word = np.searchsorted(starts, odd, side="right") - 1
         triple_of = np.cumsum(triple) - 1
-        if np.any(triple[odd_word] & (odd < c2[triple_of[odd_word]])):
-            raise _token_error(block, first_line)
+        if np.any(triple[odd_word] & (odd < last[triple_of[odd_word]])):
+            raise _token_error(block, first_line, self.op, self.parts)
         entry_lines = word_lines[triple]
         value_starts = starts.copy()
-        value_starts[triple] = c2 + 1
-        lengths = np.stack([c1 - t_starts, c2 - c1 - 1], axis=1).reshape(-1)
+        value_starts[triple] = last + 1
+        lengths = index_ends - index_starts
         if np.any(lengths > 18):  # beyond int64 parsing, and any index limit
-            bad = int(np.argmax(lengths > 18))
-            at = (t_starts, c1 + 1)[bad % 2][bad // 2]
-            raise ValueError(f"load_libffm: line {entry_lines[bad // 2]}: "
-                             f"{('field', 'feature')[bad % 2]} index "
-                             f"{block[at:at + lengths[bad]].decode()} is beyond the int32 range")
+            entry, which = np.unravel_index(int(np.argmax(lengths > 18)), lengths.shape)
+            at = index_starts[entry, which]
+            raise ValueError(f"{self.op}: line {entry_lines[entry]}: "
+                             f"{('field', 'feature')[which + 2 - n_indices]} index "
+                             f"{block[at:at + lengths[entry, which]].decode()} is beyond the "
+                             "int32 range")
         decimal = np.zeros(starts.shape, bool)
         decimal[odd_word] = True
         decimal |= ends - value_starts > 18  # too long for int64
@@ -260,38 +272,40 @@ class _Parser:
         integer_bytes = np.where(nondigit, np.uint8(32), a)
         integer_bytes[gather] = 32
         integers = _numbers(integer_bytes, np.int64)
-        per_word = np.where(triple, 2, 0) + ~decimal
+        indices_per_word = np.where(triple, n_indices, 0)
+        per_word = indices_per_word + ~decimal
         if (integers is None or floats is None or integers.shape[0] != per_word.sum()
                 or floats.shape[0] != np.count_nonzero(decimal)):
-            raise _token_error(block, first_line)
+            raise _token_error(block, first_line, self.op, self.parts)
         numbers = np.empty(starts.shape, np.float64)  # the label or value of each word
         numbers[decimal] = floats
         offsets = np.cumsum(per_word) - per_word
-        numbers[~decimal] = integers[offsets[~decimal] + np.where(triple, 2, 0)[~decimal]]
-        fields = integers[offsets[triple]]
-        features = integers[offsets[triple] + 1]
+        numbers[~decimal] = integers[offsets[~decimal] + indices_per_word[~decimal]]
+        fields = integers[offsets[triple]] if n_indices == 2 else None
+        features = integers[offsets[triple] + n_indices - 1]
         labels = numbers[is_label]
         if not np.all(np.isfinite(labels)):
             bad = int(np.argmin(np.isfinite(labels)))
-            raise ValueError(f"load_libffm: line {word_lines[is_label][bad]}: the label "
+            raise ValueError(f"{self.op}: line {word_lines[is_label][bad]}: the label "
                              f"must be finite, got {float(labels[bad])!r}")
         values = numbers[triple]
         if not np.all(np.isfinite(values)):
             bad = int(np.argmin(np.isfinite(values)))
-            raise ValueError(f"load_libffm: line {entry_lines[bad]}: value must be "
+            raise ValueError(f"{self.op}: line {entry_lines[bad]}: value must be "
                              f"finite, got {float(values[bad])!r}")
         limit = _INDEX_LIMIT if self.n_features is None else self.n_features
         name = ("the int32 index limit (at most 2**31 - 1 features)" if self.n_features is None
                 else f"n_features={self.n_features}")
         if features.size and features.max() >= limit:
             bad = int(np.argmax(features >= limit))
-            raise ValueError(f"load_libffm: line {entry_lines[bad]}: feature index "
+            raise ValueError(f"{self.op}: line {entry_lines[bad]}: feature index "
                              f"{features[bad]} is beyond {name}")
-        if fields.size and fields.max() > _INDEX_LIMIT:
-            bad = int(np.argmax(fields > _INDEX_LIMIT))
-            raise ValueError(f"load_libffm: line {entry_lines[bad]}: field index "
-                             f"{fields[bad]} is beyond the int32 range")
-        self._check_fields(features, fields, entry_lines)
+        if fields is not None:
+            if fields.size and fields.max() > _INDEX_LIMIT:
+                bad = int(np.argmax(fields > _INDEX_LIMIT))
+                raise ValueError(f"{self.op}: line {entry_lines[bad]}: field index "
+                                 f"{fields[bad]} is beyond the int32 range")
+            self._check_fields(features, fields, entry_lines)
         n_labels = labels.shape[0]
         row = np.cumsum(is_label)[triple] - 1
         indptr = np.zeros(n_labels + 1, np.int64)
@@ -300,7 +314,7 @@ class _Parser:
             cast = values.astype(self.dtype)
         if not np.all(np.isfinite(cast)):
             bad = int(np.argmin(np.isfinite(cast)))
-            raise ValueError(f"load_libffm: line {entry_lines[bad]}: value "
+            raise ValueError(f"{self.op}: line {entry_lines[bad]}: value "
                              f"{float(values[bad])!r} overflows dtype={self.dtype.name}")
         return labels, indptr, features, fields, cast
 
@@ -318,9 +332,9 @@ class _Parser:
         bad = int(np.argmax(known != fields))
         feature = int(features[bad])
         if self.fixed:
-            raise ValueError(f"load_libffm: line {lines[bad]}: feature {feature} is in field "
+            raise ValueError(f"{self.op}: line {lines[bad]}: feature {feature} is in field "
                              f"{fields[bad]} but field_ids[{feature}]={known[bad]}")
-        raise ValueError(f"load_libffm: line {lines[bad]}: feature {feature} is in field "
+        raise ValueError(f"{self.op}: line {lines[bad]}: feature {feature} is in field "
                          f"{fields[bad]} but in field {known[bad]} on line "
                          f"{self.first_line[feature]} (gpustat keeps one field per feature)")
 
@@ -336,15 +350,16 @@ def _check_load_arguments(op: str, n_features, dtype) -> None:
                              f"{n_features=}")
 
 
-def _start(op: str, source, n_features, field_ids, dtype) -> tuple[_Parser, Iterator[bytes]]:
+def _start(op: str, source, n_features, field_ids, dtype, parts: int = 3
+           ) -> tuple[_Parser, Iterator[bytes]]:
     """The parser and the blocks after the header; the width from the header if there is one."""
     _check_load_arguments(op, n_features, dtype)
-    blocks = _blocks(source)
+    blocks = _blocks(source, op)
     first = next(blocks, b"")
     header = None
-    if first.startswith(_HEADER):
+    if parts == 3 and first.startswith(_HEADER):
         cut = first.index(b"\n")
-        header = _read_header(first[:cut])
+        header = _read_header(first[:cut], op)
         first = first[cut + 1:]
         if n_features is not None and n_features != header[0]:
             raise ValueError(f"{op}: n_features={n_features} but the file's header says "
@@ -359,7 +374,7 @@ def _start(op: str, source, n_features, field_ids, dtype) -> tuple[_Parser, Iter
                              f"{field_ids.shape=}, {field_ids.dtype=}")
         if n_features and field_ids.min() < 0:
             raise ValueError(f"{op}: field_ids must be >= 0, got min {field_ids.min()}")
-    parser = _Parser(n_features, field_ids, np.dtype(dtype))
+    parser = _Parser(op, parts, n_features, field_ids, np.dtype(dtype))
     if header is not None:
         parser.line = 2
         if not parser.fixed:
@@ -410,6 +425,15 @@ def load_libffm(source: str | os.PathLike | Iterable[str | bytes], *,
             from the header's.
     """
     parser, blocks = _start("load_libffm", source, n_features, None, dtype)
+    X, labels = _load(parser, blocks, dtype)
+    field_ids = np.zeros(parser.n_features, np.int64)
+    known = parser.fields[: parser.n_features]
+    field_ids[: known.shape[0]] = np.maximum(known, 0)
+    return X, labels, field_ids
+
+
+def _load(parser: _Parser, blocks: Iterator[bytes], dtype) -> tuple[sp.csr_matrix, np.ndarray]:
+    """All rows of ``blocks`` as ``(X, y)``; sets ``parser.n_features`` if it was unknown."""
     parts = [parser.parse(block) for block in blocks]
     labels = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
     features = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -421,11 +445,7 @@ def load_libffm(source: str | os.PathLike | Iterable[str | bytes], *,
         row += part[0].shape[0]
     if parser.n_features is None:
         parser.n_features = int(features.max(initial=-1)) + 1
-    field_ids = np.zeros(parser.n_features, np.int64)
-    known = parser.fields[: parser.n_features]
-    field_ids[: known.shape[0]] = np.maximum(known, 0)
-    X = _matrix(labels, indptr, features, values, parser.n_features, dtype)
-    return X, labels, field_ids
+    return _matrix(labels, indptr, features, values, parser.n_features, dtype), labels
 
 
 def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows: int = 65536,
@@ -458,17 +478,26 @@ def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows
             file's), a non-positive ``chunk_rows``, no width known, a triple whose
             field differs from ``field_ids``.
     """
+    return _iterate("iter_libffm", source, chunk_rows, n_features, field_ids, dtype, 3)
+
+
+def _iterate(op: str, source, chunk_rows, n_features, field_ids, dtype, parts: int
+             ) -> Iterator[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]:
+    """Arguments checked now; then a generator of ``(X, y, field table)`` chunks."""
     if not is_int(chunk_rows):
-        raise TypeError(f"iter_libffm: chunk_rows must be an integer, got {chunk_rows=}")
+        raise TypeError(f"{op}: chunk_rows must be an integer, got {chunk_rows=}")
     if chunk_rows < 1:
-        raise ValueError(f"iter_libffm: chunk_rows must be >= 1, got {chunk_rows=}")
-    parser, blocks = _start("iter_libffm", source, n_features, field_ids, dtype)
+        raise ValueError(f"{op}: chunk_rows must be >= 1, got {chunk_rows=}")
+    parser, blocks = _start(op, source, n_features, field_ids, dtype, parts)
     if parser.n_features is None:
-        raise ValueError("iter_libffm: n_features is required (the file has no "
-                         "'# gpustat-libffm' header that gives it)")
-    p = parser.n_features
+        raise ValueError(f"{op}: n_features is required" + (
+            " (the file has no '# gpustat-libffm' header that gives it)" if parts == 3 else ""))
     if not parser.fixed:
-        parser._grow(p)
+        parser._grow(parser.n_features)
+    return _chunks(parser, blocks, chunk_rows)
+
+
+def _chunks(parser: _Parser, blocks: Iterator[bytes], chunk_rows: int):
     labels, indptr, features, values = np.zeros(0), np.zeros(1, np.int64), None, None
     for block in blocks:
         part = parser.parse(block)
@@ -498,6 +527,45 @@ def _chunk(parser: _Parser, labels, indptr, features, values, r0: int, r1: int):
     X = _matrix(labels[r0:r1], indptr[r0:r1 + 1] - lo, features[lo:hi], values[lo:hi], p,
                 parser.dtype)
     return X, labels[r0:r1], parser.fields if parser.fixed else parser.fields[:p].copy()
+
+
+def load_svmlight(source: str | os.PathLike | Iterable[str | bytes], *,
+                  n_features: int | None = None,
+                  dtype=np.float64) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Read svmlight text, ``label feature:value ...`` lines, into ``(X, y)``.
+
+    The libffm reader without fields: the same vectorised parser, blocks, checks
+    and line-numbered errors. Feature indices are used as written (a 1-based
+    file leaves column 0 empty); ``qid:`` entries and ``#`` comments are not
+    read (``sklearn.datasets.load_svmlight_file`` reads them).
+
+    Args:
+        source: a path, or an iterable of ``str`` or ``bytes`` lines.
+        n_features: p; default one more than the largest feature index read.
+        dtype: floating dtype of ``X``'s values.
+
+    Returns:
+        ``X`` an ``(n, p)`` ``scipy.sparse.csr_matrix`` (duplicates summed) and
+        ``y`` the ``(n,)`` float64 labels.
+
+    Raises:
+        TypeError / ValueError: as :func:`load_libffm` (each naming the line).
+    """
+    parser, blocks = _start("load_svmlight", source, n_features, None, dtype, parts=2)
+    return _load(parser, blocks, dtype)
+
+
+def iter_svmlight(source: str | os.PathLike | Iterable[str | bytes], *,
+                  chunk_rows: int = 65536, n_features: int,
+                  dtype=np.float64) -> Iterator[tuple[sp.csr_matrix, np.ndarray]]:
+    """Read svmlight text in chunks of rows (:func:`iter_libffm` without fields).
+
+    Yields:
+        ``(X, y)``: a ``(chunk, p)`` ``scipy.sparse.csr_matrix`` and its ``(chunk,)``
+        float64 labels; the last chunk may be shorter.
+    """
+    chunks = _iterate("iter_svmlight", source, chunk_rows, n_features, None, dtype, 2)
+    return ((X, y) for X, y, _ in chunks)
 
 
 # -- writing --------------------------------------------------------------------------------

@@ -256,3 +256,30 @@ def test_blank_and_label_only_input():
     np.testing.assert_array_equal(y, [1.0, 0.0])
     assert load_libffm([])[0].shape == (0, 0)
     assert list(iter_libffm([""], n_features=3)) == []
+
+
+def test_svmlight_reads_like_scikit_learn(tmp_path, monkeypatch):
+    from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+
+    rng = np.random.default_rng(5)
+    X = sp.random(30, 12, density=0.3, random_state=2, format="csr",
+                  data_rvs=lambda k: rng.normal(size=k) * 10.0 ** rng.integers(-6, 6, k))
+    y = rng.integers(-1, 3, 30).astype(float)
+    path = tmp_path / "data.svm"
+    dump_svmlight_file(X, y, str(path), zero_based=True)
+    expected_X, expected_y = load_svmlight_file(str(path), zero_based=True, n_features=12)
+    monkeypatch.setattr("gpustat.libffm._BLOCK_BYTES", 80)
+    got_X, got_y = gpustat.load_svmlight(path, n_features=12)
+    np.testing.assert_array_equal(got_X.toarray(), expected_X.toarray())
+    np.testing.assert_array_equal(got_y, expected_y)
+    chunks = list(gpustat.iter_svmlight(path, chunk_rows=7, n_features=12))
+    assert [x.shape[0] for x, _ in chunks] == [7, 7, 7, 7, 2]
+    np.testing.assert_array_equal(sp.vstack([x for x, _ in chunks]).toarray(),
+                                  expected_X.toarray())
+    with pytest.raises(ValueError, match=r"load_svmlight: line 2: expected feature:value"):
+        gpustat.load_svmlight(["1 3:1", "0 1:2:1"])
+    with pytest.raises(ValueError, match=r"load_svmlight: line 1: feature index 12 is beyond "
+                                         r"n_features=12"):
+        gpustat.load_svmlight(["1 12:1"], n_features=12)
+    with pytest.raises(ValueError, match=r"iter_svmlight: line 1: feature must be >= 0"):
+        list(gpustat.iter_svmlight(["1 -1:1"], n_features=3))
