@@ -1,4 +1,4 @@
-"""Read and write the libffm text format (Juan et al. 2016's ``ffm-train`` input).
+"""Read and write the libffm text format (Juan et al. 2016's ``ffm-train`` input); read svmlight.
 
 One row per line: a label, then ``field:feature:value`` triples separated by
 white space, fields and features 0-based::
@@ -19,12 +19,15 @@ features that no row uses survive a round trip::
 (``fields`` lists ``feature:field`` for the unused features of a nonzero field.)
 ``header=False`` writes plain libffm for ``ffm-train``.
 
-Parsing is vectorised over the bytes of 4 MiB blocks of whole lines (numpy
-classifies every byte, finds the tokens and parses all numbers of a block in one
-C call), so memory stays bounded by the block and the rows kept; only a block that
-holds an error is re-read line by line, to name the line. :func:`iter_libffm`
-yields the rows in chunks of ``chunk_rows`` (for ``partial_fit`` over files larger
-than memory); :func:`load_libffm` reads them all.
+Parsing is vectorised over the bytes of 4 MiB blocks of whole lines: numpy
+classifies every byte and finds the words and colons; the indices and the numbers
+written as plain digits go through one integer parse, the other numbers through
+one float parse (numpy's C loops, no Python per token). Memory stays bounded by
+the block and the rows kept; only a block that holds an error is re-read line by
+line, to name the line. :func:`iter_libffm` yields the rows in chunks of
+``chunk_rows`` (for ``partial_fit`` over files larger than memory);
+:func:`load_libffm` reads them all. :func:`load_svmlight` / :func:`iter_svmlight`
+read ``label feature:value ...`` lines with the same parser, without fields.
 """
 
 from __future__ import annotations
