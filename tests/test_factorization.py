@@ -11,7 +11,11 @@ from gpustat._backend import BackendUnavailableError, cuda_gpu_available
 from gpustat.csr import CSR
 from tests.helpers import assert_close, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
+from tests.oracles.factorization_cases import (
+    make_large_value_problem,
+    make_one_hot_problem,
+    make_problem,
+)
 
 P = make_problem(seed=11, row_lengths=(0, 2, 3, 1, 4))
 X = CSR.from_scipy(P.X)
@@ -305,3 +309,26 @@ def test_field_slot_table_bad_input():
         one_hot.with_field_slots(ONE_HOT.field_ids.astype(float))
     with pytest.raises(TypeError, match="concrete"):
         jax.jit(lambda f: one_hot.with_field_slots(f).field_slots)(ONE_HOT.field_ids)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_float32_values_near_1e20_through_the_public_api_and_fm_regressor(backend):
+    """fm_predict and a float32 FMRegressor's predict give the float64 oracle's scores
+    where (sum v x)**2 overflows float32 (FM's identity error is relative to sum (v x)**2)."""
+    large, error = make_large_value_problem()
+    expected = oracle.fm_scores(large.X, large.w0, large.w, large.V)
+    eps = np.finfo(np.float32).eps
+    got = np.asarray(fz.fm_predict(large.X.astype(np.float32), np.float32(large.w0),
+                                   large.w.astype(np.float32), large.V.astype(np.float32),
+                                   backend=backend))
+    assert np.all(np.isfinite(got)) and np.all(np.abs(got - expected) <= 16 * eps * error["fm"])
+    if backend == "interpret":
+        return
+    rng = np.random.default_rng(0)
+    est = gpustat.FMRegressor(n_factors=large.V.shape[1], max_iter=1, dtype="float32",
+                              random_state=0).fit(rng.normal(size=(8, large.X.shape[1])),
+                                                  rng.normal(size=8))
+    est.w0_, est.w_, est.V_ = (np.float32(large.w0), large.w.astype(np.float32),
+                               large.V.astype(np.float32))
+    got = est.predict(large.X)
+    assert np.all(np.isfinite(got)) and np.all(np.abs(got - expected) <= 16 * eps * error["fm"])

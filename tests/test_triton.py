@@ -27,7 +27,7 @@ from gpustat.reference import factorization as fref
 from gpustat.reference.piecewise import guide_tables, kernel_tables, ppoly_eval_reference, side_rows
 from tests.helpers import assert_close, assert_within_float32_ulps, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_problem
+from tests.oracles.factorization_cases import make_large_value_problem, make_problem
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the triton package is not installed")
@@ -553,6 +553,21 @@ class TestFactorizationTritonKernels:
         expected = _fm_reference("ffm", X, [params[0]] + [a.astype(jnp.float64)
                                                           for a in params[1:]])
         assert_close(got, expected, rtol=20 * tol(np.float32, "kernel"), atol=1e-5)
+
+    @pytest.mark.parametrize("model", ["ffm", "fwfm"])
+    def test_float32_values_near_1e20_score_like_float64(self, model):
+        """V times x before the dot: 1e20 values with 1e-21 factors do not underflow."""
+        large, error = make_large_value_problem()
+        X = CSR.from_scipy(large.X, dtype=np.float32)
+        V = large.V_ffm if model == "ffm" else large.V
+        params = [jnp.asarray(large.field_ids, jnp.int32),
+                  *(jnp.asarray(a, jnp.float32) for a in (large.w0, large.w, V))]
+        if model == "fwfm":
+            params.append(jnp.asarray(large.R, jnp.float32))
+        got = np.asarray(self.scores(model, X, params))
+        assert np.all(np.isfinite(got))
+        assert np.all(np.abs(got - _fm_oracle(model, large))
+                      <= 16 * np.finfo(np.float32).eps * error[model])
 
     def test_multiclass_vmap_and_jit(self):
         _, X, params = _fm_problem("fwfm", np.float64)

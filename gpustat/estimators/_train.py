@@ -43,6 +43,7 @@ from gpustat._backend import resolve_backend
 from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 from gpustat.pallas.estimators import scatter_add_rows
 from gpustat.reference.estimators import scatter_add_rows_reference
+from gpustat.reference.factorization import fm_pair_sum
 
 # float32 contractions in full precision: XLA would run them as TF32 on NVIDIA GPUs.
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
@@ -217,8 +218,8 @@ def _scores(model, params, idx, val, fld):
     if model == "fm":
         xv = val[:, :, None, None] * params["V"][idx]  # (B, z, C, k)
         q = xv.sum(axis=1)  # (B, C, k)
-        pair = 0.5 * ((q * q).sum(-1) - (xv * xv).sum(axis=(1, 3)))
-        return base + pair, (xv, q)
+        # the pair term scaled per row and factor (no overflow of q**2 where it fits)
+        return base + fm_pair_sum(xv, axis=1), (xv, q)
     pw = _pair_weights(val)
     if model == "ffm":
         # vp[b, a, d] = V[idx_a, :, fld_d, :]: the factor feature a uses against d's field

@@ -7,7 +7,10 @@ backward in :mod:`gpustat.factorization._vjp`, libffm input and output in
 
 from gpustat.csr import CSR as CSR
 from gpustat.factorization._libffm import dump_libffm as dump_libffm
+from gpustat.factorization._libffm import iter_libffm as iter_libffm
+from gpustat.factorization._libffm import iter_svmlight as iter_svmlight
 from gpustat.factorization._libffm import load_libffm as load_libffm
+from gpustat.factorization._libffm import load_svmlight as load_svmlight
 from gpustat.factorization._predict import ffm_predict as ffm_predict
 from gpustat.factorization._predict import fm_predict as fm_predict
 from gpustat.factorization._predict import fwfm_predict as fwfm_predict
@@ -18,5 +21,8 @@ __all__ = [
     "ffm_predict",
     "fm_predict",
     "fwfm_predict",
+    "iter_libffm",
+    "iter_svmlight",
     "load_libffm",
+    "load_svmlight",
 ]

@@ -17,6 +17,11 @@ For a row with nonzeros :math:`x_i` (feature :math:`i`, field :math:`f(i)`):
 An empty row scores ``w0``; exact zeros are skipped (dense input behaves like
 CSR input). Parameters with a leading class axis ``c`` give ``(n, c)`` logits.
 
+**Range**: FM's pair term is scaled per row and factor by a power of two near
+:math:`\max_i |V_{it} x_i|`, so :math:`(\sum_i V_{it} x_i)^2` cannot overflow
+where the score fits (values near 1e20 in float32); FFM and FwFM multiply each
+factor by its value before the dot (``docs/factorization.md``, "Range").
+
 **Gradients** (what training calls): every ``*_predict`` is differentiable with
 ``jax.grad``/``jax.vjp`` with respect to ``w0, w, V, R`` and the values of ``X``
 through a custom VJP (:func:`gpustat.factorization._vjp.scores_with_vjp`) whose

@@ -15,6 +15,17 @@ With ``f(i)`` the field of feature ``i`` and ``Z`` the nonzero set of a row:
   \sum_i w_i x_i + \sum_{i<j} r_{f(i) f(j)} \langle v_i, v_j \rangle x_i x_j`,
   :math:`r_{ab} = R_{\min(a,b), \max(a,b)}`.
 
+**Range.** FM's pair term is computed per factor ``t`` as
+:math:`\tfrac12 [(\sum_i u_{it})^2 - \sum_i u_{it}^2]` on :math:`u_{it} = V_{it} x_i`
+scaled by a power of two :math:`2^{-e_t}` near the row's largest :math:`|u_{it}|`
+(:func:`fm_pair_sum`) and scaled back by :math:`4^{e_t}`: the squares, which hold the
+diagonal terms :math:`u_{it}^2` that the identity subtracts again, cannot overflow
+where each factor's pair term fits (``x`` near 1e20 in float32), and power-of-two
+scaling changes no rounding (short of subnormals). FFM and FwFM multiply each factor
+by its value before the dot, :math:`\langle V x_i, V x_j\rangle`, so large values
+times small factors neither overflow nor underflow on the way to a representable
+pair term.
+
 Each ``*_row`` function scores one padded row; ``*_scores`` vmaps it over every
 bucket of a :class:`~gpustat.csr.CSR` and scatters the scores back to row order.
 Empty rows score ``w0``. These functions are differentiated by ``jax.grad`` in
@@ -37,10 +48,13 @@ __all__ = [
     "bucket_tiles",
     "ffm_row",
     "ffm_scores",
+    "fm_pair_sum",
     "fm_row",
     "fm_scores",
     "fwfm_row",
     "fwfm_scores",
+    "pow2",
+    "scale_exponent",
     "score_dtype",
     "symmetric_field_weights",
 ]
@@ -84,6 +98,47 @@ def assemble_scores(X: CSR, w0: Float[Array, ""],
     return out
 
 
+def pow2(n: Array, dtype) -> Array:
+    """``2**n`` exactly in ``dtype`` (float32 or float64), built from its exponent bits.
+
+    ``n`` must lie in the dtype's normal range (``[-126, 127]`` for float32); a bit
+    pattern, unlike ``exp2``, is exact on every backend and lowers in Pallas kernels.
+    """
+    if jnp.dtype(dtype) == jnp.float64:
+        return jax.lax.bitcast_convert_type((n.astype(jnp.int64) + 1023) << 52, jnp.float64)
+    return jax.lax.bitcast_convert_type((n.astype(jnp.int32) + 127) << 23, jnp.float32)
+
+
+def scale_exponent(m: Array) -> Array:
+    """``e`` with ``m * 2**-e < 2``: the binary exponent of ``m >= 0`` clipped to
+    ``[0, emax - 1]`` (float32 ``[0, 126]``), so ``2**-e`` and ``2**e`` are normal
+    numbers and values below 2 are never scaled up. ``inf`` stays ``inf``."""
+    if m.dtype == jnp.float64:
+        bits = jax.lax.bitcast_convert_type(m, jnp.int64)
+        e = jax.lax.shift_right_logical(bits, jnp.int64(52)) - 1023
+        return jnp.clip(e, 0, 1022).astype(jnp.int32)
+    bits = jax.lax.bitcast_convert_type(m.astype(jnp.float32), jnp.int32)
+    e = jax.lax.shift_right_logical(bits, jnp.int32(23)) - 127
+    return jnp.clip(e, 0, 126)
+
+
+def fm_pair_sum(vx: Float[Array, "*batch k"], axis: int) -> Array:
+    """``sum_{i<j} <u_i, u_j>`` over ``axis`` (the row's entries) of ``u = v x``, last axis k.
+
+    Computed as ``1/2 sum_t [(sum_i u_it)^2 - sum_i u_it^2]`` with ``u_it`` scaled
+    by ``2**-e_t``, ``e_t`` the :func:`scale_exponent` of ``max_i |u_it|``, and the
+    result by ``4**e_t``: exact scaling, and no overflow where each factor's pair term
+    fits. The identity's rounding error stays eps times ``sum_i u_it**2``.
+    Returns ``vx``'s shape without ``axis`` and ``k``.
+    """
+    e = scale_exponent(jnp.max(jnp.abs(vx), axis=axis, keepdims=True))
+    u = vx * pow2(-e, vx.dtype)
+    q = jnp.sum(u, axis=axis, keepdims=True)
+    half = 0.5 * (q * q - jnp.sum(u * u, axis=axis, keepdims=True))
+    up = pow2(e, vx.dtype)
+    return jnp.sum(jnp.squeeze(half * up * up, axis), axis=-1)
+
+
 def symmetric_field_weights(R: Float[Array, "f f"]) -> Float[Array, "f f"]:
     """``r_ab = R[min(a, b), max(a, b)]``: the upper triangle mirrored (lower ignored)."""
     a = jnp.arange(R.shape[0])
@@ -96,16 +151,15 @@ def fm_row(cols: Int[Array, " w"], x: Float[Array, " w"], w0, w: Float[Array, " 
     mask = x != 0
     linear = jnp.sum(jnp.where(mask, w[cols], 0) * x)
     vx = jnp.where(mask[:, None], V[cols], 0) * x[:, None]  # (w, k): v_i x_i
-    q = jnp.sum(vx, axis=0)
-    return w0 + linear + 0.5 * (jnp.sum(q * q) - jnp.sum(vx * vx))
+    return w0 + linear + fm_pair_sum(vx, axis=0)
 
 
 def _pair_sum(A: Float[Array, "w w"], x: Float[Array, " w"]) -> Float[Array, ""]:
-    """``sum_{i<j} A_ij x_i x_j`` over the entries with ``x != 0``."""
+    """``sum_{i<j} A_ij`` over the entries with ``x != 0`` (``A`` holds the values already)."""
     width = x.shape[0]
     i = jnp.arange(width)
     mask = (i[:, None] < i[None, :]) & (x[:, None] != 0) & (x[None, :] != 0)
-    return jnp.sum(jnp.where(mask, A, 0) * x[:, None] * x[None, :])
+    return jnp.sum(jnp.where(mask, A, 0))
 
 
 def ffm_row(cols: Int[Array, " w"], x: Float[Array, " w"], field_ids: Int[Array, " p"], w0,
@@ -113,8 +167,8 @@ def ffm_row(cols: Int[Array, " w"], x: Float[Array, " w"], field_ids: Int[Array,
     """FFM score of one padded row: all pairs ``i < j``, same-field pairs included."""
     mask = x != 0
     fields = field_ids[cols]
-    cross = V[cols[:, None], fields[None, :]]  # (w, w, k): V[c_i, f(c_j)]
-    A = jnp.sum(cross * jnp.swapaxes(cross, 0, 1), axis=-1)  # <V[c_i, f_j], V[c_j, f_i]>
+    cross = V[cols[:, None], fields[None, :]] * x[:, None, None]  # (w, w, k): V[c_i, f_j] x_i
+    A = jnp.sum(cross * jnp.swapaxes(cross, 0, 1), axis=-1)  # <V[c_i, f_j] x_i, V[c_j, f_i] x_j>
     return w0 + jnp.sum(jnp.where(mask, w[cols], 0) * x) + _pair_sum(A, x)
 
 
@@ -124,8 +178,8 @@ def fwfm_row(cols: Int[Array, " w"], x: Float[Array, " w"], field_ids: Int[Array
     """FwFM score of one padded row; ``R``'s lower triangle is never read."""
     mask = x != 0
     fields = field_ids[cols]
-    v = jnp.where(mask[:, None], V[cols], 0)
-    gram = jnp.matmul(v, v.T, precision=_HIGHEST)  # <v_i, v_j>
+    u = jnp.where(mask[:, None], V[cols], 0) * x[:, None]
+    gram = jnp.matmul(u, u.T, precision=_HIGHEST)  # <v_i x_i, v_j x_j>
     r = symmetric_field_weights(R)[fields[:, None], fields[None, :]]
     return w0 + jnp.sum(jnp.where(mask, w[cols], 0) * x) + _pair_sum(r * gram, x)
 

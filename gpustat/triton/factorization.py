@@ -12,8 +12,11 @@ enumerated once on the host, ordered by ``j`` (so a row of length ``L`` uses
 exactly the first ``L (L - 1) / 2``), and each step scores a
 ``block_rows x block_p`` tile of pairs with every lane busy:
 
-* FFM: ``<V[c_i, f(c_j)], V[c_j, f(c_i)]> x_i x_j``, two ``k``-vector gathers per pair;
-* FwFM: ``R[min(f_i, f_j), max(f_i, f_j)] <V[c_i], V[c_j]> x_i x_j``.
+* FFM: ``<V[c_i, f(c_j)] x_i, V[c_j, f(c_i)] x_j>``, two ``k``-vector gathers per pair;
+* FwFM: ``R[min(f_i, f_j), max(f_i, f_j)] <V[c_i] x_i, V[c_j] x_j>``
+
+(each factor is multiplied by its value before the dot, so values near 1e20 with
+small factors neither under- nor overflow in float32).
 
 The pair loop stops at the block's longest row. Entries with ``x == 0``
 (padding, explicit zeros) mask every gather, so their parameters are never
@@ -98,12 +101,14 @@ def _pair_scores_kernel(rows_ptr, indptr_ptr, indices_ptr, data_ptr, fields_ptr,
             slot_b = col_j * K
         a = tl.load(V_ptr + slot_a[:, :, None] + t[None, None, :], mask=vector_mask, other=0)
         b = tl.load(V_ptr + slot_b[:, :, None] + t[None, None, :], mask=vector_mask, other=0)
-        weight = tl.sum(a * b, axis=2)
+        # each factor times its value before the dot: large values with small factors
+        # neither under- nor overflow on the way to a representable pair term
+        weight = tl.sum((a * x_i[:, :, None]) * (b * x_j[:, :, None]), axis=2)
         if MODEL == 1:  # field-pair weight from R's upper triangle
             lo = tl.minimum(field_i, field_j)
             hi = tl.maximum(field_i, field_j)
             weight = weight * tl.load(R_ptr + lo * NUM_FIELDS + hi, mask=live, other=0)
-        acc += tl.sum(tl.where(live, weight * x_i * x_j, 0), axis=1)
+        acc += tl.sum(tl.where(live, weight, 0), axis=1)
         first += BLOCK_P
     tl.store(out_ptr + slots, acc, mask=real)
 

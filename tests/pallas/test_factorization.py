@@ -13,7 +13,11 @@ from gpustat.csr import CSR
 from gpustat.pallas import factorization as kernels
 from tests.helpers import KernelTests, assert_close, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_one_hot_problem, make_problem
+from tests.oracles.factorization_cases import (
+    make_large_value_problem,
+    make_one_hot_problem,
+    make_problem,
+)
 from tests.pallas.lowering_cases import factorization_cases
 
 PROBLEM = make_problem()
@@ -68,6 +72,16 @@ class TestScoringKernels(KernelTests):
         assert actual.dtype == np.float64
         assert np.max(np.abs(actual - expected) / np.maximum(np.abs(expected), 1)) < 1e-10
         assert np.all(actual[lengths == 0] == PROBLEM.w0)  # empty rows score the bias
+
+    @pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
+    def test_float32_values_near_1e20_score_like_float64(self, model):
+        # chunks of 2: FM meets the large v x in a row's second chunk and rescales
+        large, error = make_large_value_problem()
+        actual = np.asarray(_kernel_scores(model, self.backend, large, np.float32,
+                                           (("block_rows", 2), ("block_w", 2))))
+        assert np.all(np.isfinite(actual))
+        eps = np.finfo(np.float32).eps
+        assert np.all(np.abs(actual - _oracle(model, large)) <= 16 * eps * error[model])
 
     @pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
     def test_float32_default_tiles(self, model):

@@ -11,7 +11,7 @@ from gpustat.factorization._vjp import scores_with_vjp
 from gpustat.reference import factorization as ref
 from tests.helpers import assert_close, tol
 from tests.oracles import factorization_oracle as oracle
-from tests.oracles.factorization_cases import make_problem
+from tests.oracles.factorization_cases import make_large_value_problem, make_problem
 
 PROBLEM = make_problem()
 X = CSR.from_scipy(PROBLEM.X)
@@ -144,3 +144,31 @@ def test_gradient_rule_takes_numpy_and_python_parameters():
     assert got[0] == pytest.approx(X.shape[0])
     assert_close(got[1], jax.jit(jax.grad(autodiff))(jnp.asarray(P.V_ffm)),
                  rtol=tol(np.float64, "autodiff"), atol=1e-12)
+
+
+LARGE, LARGE_ERROR = make_large_value_problem()
+
+
+def _large_value_oracle(model):
+    return _oracle_scores(model, LARGE)
+
+
+def test_large_value_case_overflows_the_unscaled_fm_identity():
+    """The data exercise the overflow: float32 (sum_i v_i x_i)**2 is inf on row 0."""
+    lo, hi = LARGE.X.indptr[0], LARGE.X.indptr[1]
+    u = LARGE.V[LARGE.X.indices[lo:hi]].astype(np.float32) * LARGE.X.data[lo:hi, None].astype(
+        np.float32)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.sum(u, axis=0) ** 2).any()
+    assert np.isfinite(np.float32(_large_value_oracle("fm")[0]))
+
+
+@pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
+def test_float32_values_near_1e20_score_like_float64(model):
+    """FM's pair term is scaled per row and factor; FFM/FwFM multiply V by x first."""
+    actual = np.asarray(_ref_scores(model, CSR.from_scipy(LARGE.X, dtype=np.float32), LARGE,
+                                    jnp.float32))
+    expected = _large_value_oracle(model)
+    assert np.all(np.isfinite(actual))
+    eps = np.finfo(np.float32).eps
+    assert np.all(np.abs(actual - expected) <= 16 * eps * LARGE_ERROR[model])
