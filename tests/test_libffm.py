@@ -121,7 +121,7 @@ def test_varied_number_spellings_match_python_floats(tmp_path, monkeypatch):
     lines, dense, labels, field_of = _random_text(rng, 60, 25, 4)
     path = tmp_path / "mixed.ffm"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr("gpustat.libffm._BLOCK_BYTES", 97)  # many blocks, lines cut across reads
+    monkeypatch.setattr("gpustat.factorization._libffm._BLOCK_BYTES", 97)  # many blocks, lines cut across reads
     for source in (path, lines, [line.encode() for line in lines], open(path, "rb")):
         X, y, fields = load_libffm(source, n_features=25)
         np.testing.assert_array_equal(X.toarray(), dense)  # summed the way scipy sums
@@ -135,7 +135,7 @@ def test_chunks_concatenate_to_the_whole_file(tmp_path, monkeypatch):
     lines, dense, labels, field_of = _random_text(rng, 47, 30, 5)
     path = tmp_path / "chunks.ffm"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr("gpustat.libffm._BLOCK_BYTES", 64)
+    monkeypatch.setattr("gpustat.factorization._libffm._BLOCK_BYTES", 64)
     chunks = list(iter_libffm(path, chunk_rows=10, n_features=30))
     assert [x.shape for x, _, _ in chunks] == [(10, 30)] * 4 + [(7, 30)]
     np.testing.assert_array_equal(sp.vstack([x for x, _, _ in chunks]).toarray(), dense)
@@ -158,7 +158,7 @@ def test_chunks_concatenate_to_the_whole_file(tmp_path, monkeypatch):
 
 def test_errors_in_later_blocks_name_the_files_line(monkeypatch):
     lines = [f"1 0:{j}:1 1:{j + 50}:2" for j in range(40)]
-    monkeypatch.setattr("gpustat.libffm._BLOCK_BYTES", 50)
+    monkeypatch.setattr("gpustat.factorization._libffm._BLOCK_BYTES", 50)
     bad = lines.copy()
     bad[33] = "0 0:7:1 0:3:1.5.5"
     with pytest.raises(ValueError, match=r"line 34: expected field:feature:value.*'0:3:1\.5\.5'"):
@@ -268,7 +268,7 @@ def test_svmlight_reads_like_scikit_learn(tmp_path, monkeypatch):
     path = tmp_path / "data.svm"
     dump_svmlight_file(X, y, str(path), zero_based=True)
     expected_X, expected_y = load_svmlight_file(str(path), zero_based=True, n_features=12)
-    monkeypatch.setattr("gpustat.libffm._BLOCK_BYTES", 80)
+    monkeypatch.setattr("gpustat.factorization._libffm._BLOCK_BYTES", 80)
     got_X, got_y = gpustat.load_svmlight(path, n_features=12)
     np.testing.assert_array_equal(got_X.toarray(), expected_X.toarray())
     np.testing.assert_array_equal(got_y, expected_y)
