@@ -34,9 +34,8 @@ RUN_TIMEOUT_S = 300
 RTOL = 1e-12
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("multiprocess")
+def _run_two_processes(out: Path) -> list[dict]:
+    """Both processes' results; the launcher and its workers bounded by RUN_TIMEOUT_S."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
@@ -66,7 +65,16 @@ def _close(got, expected, name):
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * scale, err_msg=name)
 
 
-def test_every_process_sees_the_global_mesh(runs):
+def test_two_processes_equal_one_device(tmp_path):
+    """One run (one test, so that xdist workers never start it twice), every check on it."""
+    runs = _run_two_processes(tmp_path)
+    _check_global_mesh(runs)
+    _check_em(runs)
+    _check_fm_and_ffm_scores(runs)
+    _check_border_solve(runs)
+
+
+def _check_global_mesh(runs):
     for run in runs:
         assert int(run["process_count"]) == 2
         assert int(run["device_count"]) == 4 and int(run["local_device_count"]) == 2
@@ -74,7 +82,7 @@ def test_every_process_sees_the_global_mesh(runs):
         assert bool(run["fm_sharded_rows"])  # scores were a global row-sharded array
 
 
-def test_em_equals_one_device(runs):
+def _check_em(runs):
     c = checks.cases()
     init = mixture.MixtureParams.from_covariances(
         jnp.asarray(c["init_weights"]), jnp.asarray(c["init_means"]), jnp.asarray(c["init_covs"]))
@@ -89,7 +97,7 @@ def test_em_equals_one_device(runs):
         _close(run["em_lower_bounds"], ref.lower_bounds, "lower_bounds")
 
 
-def test_fm_and_ffm_scores_equal_one_device(runs):
+def _check_fm_and_ffm_scores(runs):
     c = checks.cases()
     X, dense = c["csr"], c["csr"].toarray()
     fm = factorization.fm_predict(X, c["w0"], c["w"], c["V"], backend="reference")
@@ -107,7 +115,7 @@ def test_fm_and_ffm_scores_equal_one_device(runs):
         _close(run["ffm"], ffm, "ffm")
 
 
-def test_border_solve_equals_one_device(runs):
+def _check_border_solve(runs):
     c = checks.cases()
     batch = border.BorderBatch.from_atoms(*(list(a) for a in zip(*c["atoms"], strict=True)))
     ref = border.solve_batched_border(batch, c["ridge_t"], checks.RIDGE_BETA,
