@@ -16,9 +16,12 @@ validation, dispatch and Pallas kernel unchanged) on each device's block under
   :func:`train_epoch` (FM/FFM/FwFM data-parallel training),
   :func:`solve_batched_border` (atoms dealt to devices by :func:`shard_border_batch`).
 
-Multi-host: call ``jax.distributed.initialize()`` first on every process; then
-``make_mesh()`` spans every device of every host and the same code runs
-unchanged (``docs/distributed.md`` gives the recipe).
+Multi-process and multi-host: call :func:`initialize` (``jax.distributed.initialize``
+from the ``GPUSTAT_*`` environment, or auto-detected) first in every process; then
+``make_mesh()`` spans every device of every process, the placement helpers build
+each process's shards of the global arrays, and the same code runs unchanged.
+``python -m gpustat.distributed.launch`` starts the processes of one host
+(``docs/distributed.md`` gives the recipe).
 """
 
 from gpustat.distributed._bms import ShardedBmsRows as ShardedBmsRows
@@ -34,6 +37,7 @@ from gpustat.distributed._fm import ShardedRows as ShardedRows
 from gpustat.distributed._fm import global_order as global_order
 from gpustat.distributed._fm import shard_training_rows as shard_training_rows
 from gpustat.distributed._fm import train_epoch as train_epoch
+from gpustat.distributed._launch import initialize as initialize
 from gpustat.distributed._mesh import ROW_AXIS as ROW_AXIS
 from gpustat.distributed._mesh import make_mesh as make_mesh
 from gpustat.distributed._mesh import map_rows as map_rows
@@ -66,6 +70,7 @@ __all__ = [
     "fm_predict",
     "fwfm_predict",
     "global_order",
+    "initialize",
     "joint_dense",
     "joint_diagonal",
     "joint_gradient",

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import bms
-from gpustat.distributed._mesh import check_blocks, mesh_size, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, place, row_axis
 
 __all__ = ["ShardedBmsRows", "row_derivatives", "shard_bms_rows"]
 
@@ -81,7 +81,7 @@ def shard_bms_rows(rows: bms.BmsRows, mesh: Mesh) -> ShardedBmsRows:
         block["s_f"] = np.asarray(rows.s_f)
         blocks.append(block)
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    stacked = {name: jax.device_put(np.stack([b[name] for b in blocks]), sharding)
+    stacked = {name: place(np.stack([b[name] for b in blocks]), sharding)
                for name in blocks[0]}
     return ShardedBmsRows(bms.BmsRows(**stacked, p_h=rows.p_h, p_w=rows.p_w), n, n_local)
 

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat import border
-from gpustat.distributed._mesh import check_blocks, mesh_size, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, place, row_axis, to_mesh
 
 __all__ = ["BorderPlan", "ShardedBorderBatch", "ShardedBorderSolution", "shard_border_batch",
            "solve_batched_border"]
@@ -140,7 +140,9 @@ def shard_border_batch(batch: border.BorderBatch, mesh: Mesh) -> ShardedBorderBa
     """Deal the atoms of a batch to the mesh's devices (host-side, once per batch).
 
     Args:
-        batch: a :class:`~gpustat.border.BorderBatch` (b atoms), concrete.
+        batch: a :class:`~gpustat.border.BorderBatch` (b atoms), concrete. On a mesh
+            spanning several processes every process passes the same batch and places
+            its own devices' local batches.
         mesh: 1-D mesh.
 
     Returns:
@@ -152,7 +154,7 @@ def shard_border_batch(batch: border.BorderBatch, mesh: Mesh) -> ShardedBorderBa
     plan = _plan(batch.layout, n_dev)
     per_device = [_local_arrays(batch, plan, g) for g in range(n_dev)]
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    stacked = {name: jax.device_put(np.stack([p[name] for p in per_device]), sharding)
+    stacked = {name: place(np.stack([p[name] for p in per_device]), sharding)
                for name in per_device[0]}
     local = border.BorderBatch(**stacked, layout=plan.local)
     return ShardedBorderBatch(local, plan)
@@ -232,5 +234,5 @@ def solve_batched_border(batch: ShardedBorderBatch, ridge_t, ridge_beta, mesh: M
 
     spec = PartitionSpec(axis)
     local = jax.shard_map(block, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                          check_vma=False)(batch.local, rt, rb)
+                          check_vma=False)(batch.local, *to_mesh((rt, rb), mesh, spec))
     return ShardedBorderSolution(local, batch.plan)

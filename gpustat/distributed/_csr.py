@@ -23,12 +23,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat.csr import CSR, RowBuckets
-from gpustat.distributed._mesh import mesh_size, row_axis
+from gpustat.distributed._mesh import mesh_size, place, row_axis
 
 __all__ = ["ShardedCSR", "shard_csr"]
 
@@ -91,6 +90,8 @@ def shard_csr(X, mesh: Mesh) -> ShardedCSR:
 
     Args:
         X: a :class:`~gpustat.csr.CSR` or ``scipy.sparse`` matrix, (n, p), concrete.
+            On a mesh spanning several processes every process passes the same X
+            and places its own devices' blocks.
         mesh: a 1-D mesh (:func:`gpustat.distributed.make_mesh`).
 
     Returns:
@@ -130,6 +131,6 @@ def shard_csr(X, mesh: Mesh) -> ShardedCSR:
             rows[i, :r.size] = r
         bucket_rows.append(rows)
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    put = lambda a: jax.device_put(jnp.asarray(a), sharding)  # noqa: E731
+    put = lambda a: place(a, sharding)  # noqa: E731
     return ShardedCSR(put(data), put(indices), put(indptr), tuple(put(r) for r in bucket_rows),
                       widths, tuple(X.shape), n_local)

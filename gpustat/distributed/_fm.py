@@ -28,7 +28,7 @@ import optax
 import scipy.sparse as sp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gpustat.distributed._mesh import check_blocks, mesh_size, psum_packed, row_axis
+from gpustat.distributed._mesh import check_blocks, mesh_size, place, psum_packed, row_axis
 from gpustat.estimators import _train as fm_train
 
 __all__ = ["ShardedRows", "global_order", "shard_training_rows", "train_epoch"]
@@ -109,7 +109,7 @@ def shard_training_rows(X, field_ids, target, weight, dtype, mesh: Mesh) -> Shar
         shape = {"idx": (n_pad, z), "val": (n_pad, z), "fld": (n_pad, z),
                  "target": (n_pad, parts[0].shape[1] if parts[0].ndim == 2 else 0),
                  "weight": (n_pad,)}[name]
-        fields.append(jax.device_put(np.stack([_pad_to(p, shape) for p in parts]), sharding))
+        fields.append(place(np.stack([_pad_to(p, shape) for p in parts]), sharding))
     return ShardedRows(fm_train.DeviceRows(*fields), max(-(-n // d), 1), n)
 
 
@@ -231,4 +231,4 @@ def _epoch_tables(data: ShardedRows, local_orders, batch_size: int, mesh: Mesh):
     d = mesh_size(mesh)
     table, counts = _local_batches(data, _check_orders(data, local_orders, d), batch_size // d)
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    return jax.device_put(table, sharding), jnp.asarray(counts, data.rows.val.dtype)
+    return place(table, sharding), jnp.asarray(counts, data.rows.val.dtype)

@@ -40,11 +40,14 @@ __all__ = [
     "mesh_size",
     "pad_rows",
     "padded_rows",
+    "place",
     "psum_packed",
     "replicate",
     "row_axis",
     "shard_rows",
+    "spans_processes",
     "sum_rows",
+    "to_mesh",
 ]
 
 #: Default name of the mesh axis rows are split over.
@@ -121,6 +124,43 @@ def pad_rows(x: Any, n_to: int, pad_value: float | int = 0) -> Any:
     return jax.tree.map(pad, x)
 
 
+def spans_processes(mesh: Mesh) -> bool:
+    """Whether the mesh holds devices of several processes (after ``jax.distributed``)."""
+    return not NamedSharding(_check_mesh(mesh), PartitionSpec()).is_fully_addressable
+
+
+def _place_leaf(a, sharding: NamedSharding):
+    if isinstance(a, jax.core.Tracer):
+        return a  # under jit: shard_map places it
+    if sharding.is_fully_addressable or (isinstance(a, jax.Array)
+                                         and not a.is_fully_addressable):
+        return jax.device_put(a, sharding)
+    # a host value every process holds whole: each process places its addressable shards
+    host = np.asarray(a)
+    host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)  # as device_put
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def place(x: Any, sharding: NamedSharding) -> Any:
+    """``jax.device_put`` of every leaf of ``x`` that also works across processes.
+
+    On a mesh of one process this is ``jax.device_put``. On a mesh spanning several
+    processes every process must call it with the same host values; each builds its
+    addressable shards (``jax.make_array_from_callback``). Global arrays are
+    resharded and tracers pass through.
+    """
+    return jax.tree.map(lambda a: _place_leaf(a, sharding), x)
+
+
+def to_mesh(x: Any, mesh: Mesh, spec: PartitionSpec) -> Any:
+    """Entry-point inputs as global arrays when the mesh spans processes, else unchanged.
+
+    ``shard_map`` places single-process inputs itself; a host array cannot enter a
+    program over several processes' devices, so it is placed with :func:`place`.
+    """
+    return place(x, NamedSharding(mesh, spec)) if spans_processes(mesh) else x
+
+
 def shard_rows(x: Any, mesh: Mesh, *, pad_value: float | int = 0) -> Any:
     """Place every leaf of ``x`` on the mesh, its leading axis split over the devices.
 
@@ -147,12 +187,15 @@ def shard_rows(x: Any, mesh: Mesh, *, pad_value: float | int = 0) -> Any:
                          f"{'and a scalar' if None in sizes else ''}".rstrip())
     n_to = padded_rows(sizes.pop(), mesh)
     sharding = NamedSharding(mesh, PartitionSpec(row_axis(mesh)))
-    return jax.device_put(pad_rows(x, n_to, pad_value), sharding)
+    return place(pad_rows(x, n_to, pad_value), sharding)
 
 
 def replicate(x: Any, mesh: Mesh) -> Any:
-    """Place every leaf of ``x`` on every device of the mesh (parameters, small tables)."""
-    return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+    """Place every leaf of ``x`` on every device of the mesh (parameters, small tables).
+
+    On a mesh spanning several processes every process passes the same values.
+    """
+    return place(x, NamedSharding(mesh, PartitionSpec()))
 
 
 def _row_specs(tree, axis):
@@ -192,7 +235,8 @@ def map_rows(fn: Callable, mesh: Mesh, rows: Any, shared: Any = (), *,
     n_to = padded_rows(n, mesh)
     out = jax.shard_map(fn, mesh=mesh, in_specs=(_row_specs(rows, axis), _shared_specs(shared)),
                         out_specs=PartitionSpec(axis), check_vma=False)(
-        pad_rows(rows, n_to, pad_value), shared)
+        to_mesh(pad_rows(rows, n_to, pad_value), mesh, PartitionSpec(axis)),
+        to_mesh(shared, mesh, PartitionSpec()))
     return out if n_to == n else jax.tree.map(lambda a: a[:n], out)
 
 
@@ -252,4 +296,5 @@ def sum_rows(fn: Callable, mesh: Mesh, rows: Any, shared: Any = (), *,
     return jax.shard_map(block_sum, mesh=mesh,
                          in_specs=(_row_specs(rows, axis), _shared_specs(shared)),
                          out_specs=PartitionSpec(), check_vma=False)(
-        pad_rows(rows, n_to, pad_value), shared)
+        to_mesh(pad_rows(rows, n_to, pad_value), mesh, PartitionSpec(axis)),
+        to_mesh(shared, mesh, PartitionSpec()))

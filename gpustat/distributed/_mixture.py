@@ -26,7 +26,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float
 
 from gpustat import mixture
-from gpustat.distributed._mesh import pad_rows, padded_rows, row_axis
+from gpustat.distributed._mesh import pad_rows, padded_rows, row_axis, to_mesh
 from gpustat.mixture._validation import (
     check_data,
     check_params,
@@ -39,7 +39,8 @@ __all__ = ["fit_em", "fit_gibbs", "gibbs_sweep"]
 
 def _rows_in(mesh: Mesh, X, w):
     n_to = padded_rows(X.shape[0], mesh)
-    return pad_rows(X, n_to), pad_rows(w, n_to, 0)  # padding rows weigh nothing
+    padded = pad_rows(X, n_to), pad_rows(w, n_to, 0)  # padding rows weigh nothing
+    return to_mesh(padded, mesh, PartitionSpec(row_axis(mesh)))
 
 
 def _global_mean(X, w, axis):
@@ -143,7 +144,7 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
         block = jax.vmap(block, in_axes=(None, None, 0))
     row, shared = PartitionSpec(axis), PartitionSpec()
     result = jax.shard_map(block, mesh=mesh, in_specs=(row, row, shared), out_specs=shared,
-                           check_vma=False)(*_rows_in(mesh, X, w), init)
+                           check_vma=False)(*_rows_in(mesh, X, w), to_mesh(init, mesh, shared))
     return _best_restart(result) if batched else result
 
 
@@ -241,5 +242,5 @@ def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Me
     row, shared = PartitionSpec(axis), PartitionSpec()
     w = jnp.ones(X.shape[:1], dtype)
     return jax.shard_map(chain, mesh=mesh, in_specs=(row, row, shared, shared, shared, shared),
-                         out_specs=shared, check_vma=False)(*_rows_in(mesh, X, w), init, prior,
-                                                            sticks, key)
+                         out_specs=shared, check_vma=False)(
+        *_rows_in(mesh, X, w), *to_mesh((init, prior, sticks, key), mesh, shared))

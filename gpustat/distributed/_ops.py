@@ -18,7 +18,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from gpustat import bms, factorization, mixture, piecewise
 from gpustat.distributed._csr import ShardedCSR, shard_csr
-from gpustat.distributed._mesh import check_blocks, map_rows, row_axis, sum_rows
+from gpustat.distributed._mesh import check_blocks, map_rows, row_axis, sum_rows, to_mesh
 from gpustat.mixture._validation import check_data, check_params, check_sample_weight
 
 __all__ = [
@@ -87,7 +87,8 @@ def _predict(op, X, params, mesh: Mesh, backend: str):
     row_spec = jax.tree.map(lambda _: PartitionSpec(axis), sharded)
     shared = jax.tree.map(lambda _: PartitionSpec(), params)
     out = jax.shard_map(block, mesh=mesh, in_specs=(row_spec, shared),
-                        out_specs=PartitionSpec(axis), check_vma=False)(sharded, params)
+                        out_specs=PartitionSpec(axis), check_vma=False)(
+        sharded, to_mesh(params, mesh, PartitionSpec()))
     return out[: sharded.shape[0]]
 
 
