@@ -1,14 +1,18 @@
 """Device-resident training of FM, FFM and FwFM: one compiled program per epoch.
 
-Data live on the device in a padded-row (ELL) layout: row ``r`` holds ``z``
-slots of feature index, value and field; unused slots have value 0 and index
-0 (they add nothing and touch nothing). An epoch is one compiled loop
-(``lax.fori_loop``) over the batches of a host-drawn row permutation; several
-epochs can run in one call (a loop over epochs around it). Every row of a
-batch is scored with the parameters frozen at the batch start, the batch
-gradient is accumulated sparsely (one contribution row per nonzero, summed per
-feature by :func:`gpustat.pallas.estimators.scatter_add_rows` or its
-reference), and an optax transformation steps the touched coordinates.
+Data live on the device in a padded-row (ELL) layout, built there from the
+CSR arrays: row ``r`` holds ``z`` slots of feature index, value and field;
+unused slots have value 0 and index 0 (they add nothing and touch nothing).
+An epoch is one compiled loop (``lax.fori_loop``) over the batches of a
+host-drawn row permutation; several epochs can run in one call (a loop over
+epochs around it). Every row of a batch is scored with the parameters frozen
+at the batch start and the batch gradient is formed sparsely (one contribution
+row per nonzero, summed per feature by
+:func:`gpustat.pallas.estimators.scatter_add_rows` or its reference). A
+:class:`~gpustat.fm_optim.RowwiseTransformation` (the built-in optimizers)
+steps the gathered rows of the features the batch touches, parameters and
+state alike, which are scattered back: a batch's cost does not depend on p.
+Any other optax transformation steps the dense (p, ...) tables.
 
 Parameters are kept with the class axis right after the feature axis so that
 one feature's gradient is one contiguous table row:
@@ -447,15 +451,15 @@ def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders,
                   n_batches, n_epochs):
     def epoch(e, carry):
         def body(b, carry):
-            params, opt_state, loss_sum = carry
+            params, opt_state, losses = carry
             params, opt_state, batch_loss = _batch_step(cfg, params, opt_state, data,
                                                         orders[e, b], counts[b])
-            return params, opt_state, loss_sum + batch_loss
+            return params, opt_state, losses.at[e].add(batch_loss)
 
         return jax.lax.fori_loop(0, n_batches, body, carry)
 
-    zero = jnp.zeros((), data.val.dtype)
-    return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, zero))
+    losses = jnp.zeros(orders.shape[0], data.val.dtype)  # one weighted loss sum per epoch
+    return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
 def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
@@ -473,8 +477,9 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
         orders: sequence of (n,) row visit orders, one per epoch (same n).
 
     Returns:
-        ``(params, opt_state, weighted loss sum over all rows visited)``, the
-        loss taken at each batch's frozen parameters.
+        ``(params, opt_state, losses)``: ``losses`` (len(orders),) is each
+        epoch's weighted loss sum over its rows, taken at each batch's frozen
+        parameters.
     """
     n_pad = data.idx.shape[0]
     # a batch larger than the data is one batch of every row (B = n either way): without
@@ -494,15 +499,18 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     counts = np.full(slots // bsz, bsz)
     counts[n_batches - 1] = n - (n_batches - 1) * bsz
     dtype = data.val.dtype
-    return _train_epochs(cfg, params, opt_state, data,
-                         jnp.asarray(padded.reshape(len(padded), -1, bsz)),
-                         jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
-                         jnp.asarray(len(orders), jnp.int32))
+    params, opt_state, losses = _train_epochs(
+        cfg, params, opt_state, data, jnp.asarray(padded.reshape(len(padded), -1, bsz)),
+        jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
+        jnp.asarray(len(orders), jnp.int32))
+    return params, opt_state, losses[: len(orders)]
 
 
 def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
-    """One epoch over the rows in ``order``: :func:`train_epochs` with one order."""
-    return train_epochs(cfg, params, opt_state, data, [order])
+    """One epoch over the rows in ``order``: :func:`train_epochs` with one order; the
+    loss is the epoch's weighted loss sum (a scalar)."""
+    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order])
+    return params, opt_state, losses[0]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
