@@ -371,10 +371,11 @@ def _add_l2(cfg: TrainConfig, grads, touched, params):
     return out
 
 
-def _batch_inputs(cfg: TrainConfig, params, data: DeviceRows, rows, count):
-    """Rows of the batch, their loss and ``coef`` = weight_r dL/ds_r / B."""
-    idx, val, fld = data.idx[rows], data.val[rows], data.fld[rows]
-    target, weight = data.target[rows], data.weight[rows]
+def _batch_inputs(cfg: TrainConfig, params, idx, val, fld, target, weight, count):
+    """The batch's slots with ``coef`` = weight_r dL/ds_r / B, and its weighted loss.
+
+    ``idx`` indexes the feature rows of ``params`` (all of them, or the gathered ones).
+    """
     s, cache = _scores(cfg.model, params, idx, val, fld)
     dlds, row_loss = _loss_grad_and_value(cfg.loss, s, target)
     coef = dlds * (weight / count)[:, None]
@@ -383,7 +384,7 @@ def _batch_inputs(cfg: TrainConfig, params, data: DeviceRows, rows, count):
 
 def _dense_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
     """A step of a user's transformation: the full (p, ...) gradient, zero off the batch."""
-    inputs, batch_loss = _batch_inputs(cfg, params, data, rows, count)
+    inputs, batch_loss = _batch_inputs(cfg, params, *(leaf[rows] for leaf in data), count)
     grads, touched = _gradients(cfg, params, *inputs)
     grads = _add_l2(cfg, grads, touched, params)
     if cfg.lazy:
@@ -419,18 +420,21 @@ def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, co
     """A step of a row-wise transformation on the rows of the features the batch touches.
 
     The batch's feature indices are made unique (a fixed size, B z, padded with
-    the out-of-range index p); their slot contributions are summed into those
-    rows; the rows of the parameters and of the state are gathered, stepped
-    and scattered back. Untouched gathered rows (the padding slots' feature)
-    come back unchanged, as the lazy transformation leaves them.
+    the out-of-range index p) and the rows of the parameters gathered once; the
+    batch is scored on them (slot indices into the gathered rows), its slot
+    contributions are summed into them, and they and the gathered rows of the
+    state are stepped and scattered back. Untouched gathered rows (the padding
+    slots' feature) come back unchanged, as the lazy transformation leaves them.
     """
-    inputs, batch_loss = _batch_inputs(cfg, params, data, rows, count)
-    flat = inputs[0].reshape(-1)
-    size = flat.shape[0]
-    uniq, inverse = jnp.unique(flat, size=size, fill_value=cfg.n_features, return_inverse=True)
-    contributions = _contributions(cfg, params, *inputs)
-    grads, touched = _summed(cfg, contributions, inverse.reshape(-1), size)
+    idx = data.idx[rows]
+    size = idx.size
+    uniq, inverse = jnp.unique(idx.reshape(-1), size=size, fill_value=cfg.n_features,
+                               return_inverse=True)
+    local = inverse.reshape(idx.shape)
     sub = _gather_rows(params, uniq)
+    inputs, batch_loss = _batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
+                                       data.target[rows], data.weight[rows], count)
+    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1), size)
     sub_state = _state_map(lambda field: _gather_rows(field, uniq), opt_state)
     grads = _add_l2(cfg, grads, touched, sub)
     updates, sub_state = cfg.tx.update(grads, sub_state, sub, touched=touched)
