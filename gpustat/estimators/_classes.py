@@ -6,7 +6,8 @@ with modern_fm's constructor names. Parameters and optimizer state stay on the
 device; one epoch is one compiled program (:mod:`gpustat.estimators._train`); the
 sparse batch gradient is accumulated by a Pallas scatter-add kernel on a CUDA
 GPU; optax drives the update with the lazy transformations of
-:mod:`gpustat.estimators._optim` (or any optax transformation the user passes).
+:mod:`gpustat.estimators._optim`, on the rows a batch touches (or any optax
+transformation the user passes, on the whole parameter tables).
 
 Scores of a row x with nonzero set Z (feature i in field f(i)):
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import numbers
 import pickle
 
 import jax
@@ -67,6 +69,7 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+CLASSIFIER_LOSSES = ("logistic", "softmax")
 _IO_VERSION = 1
 
 
@@ -111,10 +114,17 @@ class _FactorizationMachine(BaseEstimator):
                              f"{self.l1_linear=}, {self.l1_factors=}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype=!r}")
+        n_jobs = self.n_jobs
+        if not (n_jobs is None or n_jobs == -1 or (isinstance(n_jobs, numbers.Integral)
+                                                   and not isinstance(n_jobs, bool)
+                                                   and n_jobs >= 1)):
+            raise ValueError(f"n_jobs must be None, -1 or a positive integer, got {n_jobs=!r}")
         if self.dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError("dtype='float64' needs 64-bit JAX: call "
                              "jax.config.update('jax_enable_x64', True) first")
         if self._is_classifier:
+            if self.loss not in CLASSIFIER_LOSSES:
+                raise ValueError(f"loss must be one of {CLASSIFIER_LOSSES}, got {self.loss=!r}")
             if not 0 <= self.label_smoothing < 1:
                 raise ValueError(f"label_smoothing must be in [0, 1), got "
                                  f"{self.label_smoothing=!r}")
@@ -185,12 +195,14 @@ class _FactorizationMachine(BaseEstimator):
 
     @property
     def _n_outputs(self) -> int:
-        return len(self.classes_) if self._is_classifier and len(self.classes_) > 2 else 1
+        return len(self.classes_) if self._loss() == "softmax" else 1
 
     def _loss(self) -> str:
+        """The training loss: squared (regressor), softmax (more than 2 classes, or
+        ``loss="softmax"``: one parameter set per class) or logistic."""
         if not self._is_classifier:
             return "squared"
-        return "softmax" if len(self.classes_) > 2 else "logistic"
+        return "softmax" if len(self.classes_) > 2 or self.loss == "softmax" else "logistic"
 
     def _np_dtype(self):
         return np.dtype(self.dtype)
@@ -231,7 +243,7 @@ class _FactorizationMachine(BaseEstimator):
         single = self._n_outputs == 1
         out = {}
         for name, value in public.items():
-            value = np.asarray(value, dtype)
+            value = np.asarray(value)  # cast once, below, into the padded array
             if single:
                 value = value[None]
             out[name] = value if name in ("w0", "r") else np.moveaxis(value, 0, 1)
@@ -245,8 +257,12 @@ class _FactorizationMachine(BaseEstimator):
             pads["V"] = [(0, p_pad - p), (0, 0), (0, f_pad - n_fields), (0, 0)]
         if self._model == "fwfm":
             pads["r"] = [(0, 0), (0, f_pad - n_fields), (0, f_pad - n_fields)]
-        out = {name: np.pad(value, pads.get(name, [(0, 0)])) for name, value in out.items()}
-        return jax.tree.map(jnp.asarray, out)
+        padded = {}
+        for name, value in out.items():
+            shape = [n + after for n, (_, after) in zip(value.shape, pads.get(name, []))]
+            padded[name] = np.zeros(shape + list(value.shape[len(shape):]), dtype)
+            padded[name][tuple(slice(n) for n in value.shape)] = value
+        return jax.tree.map(jnp.asarray, padded)
 
     def _n_fields_of(self, public):
         if self._model == "ffm":
@@ -287,7 +303,7 @@ class _FactorizationMachine(BaseEstimator):
         if not self._is_classifier:
             return np.asarray(y_codes, np.float64)[:, None]
         eps = self.label_smoothing
-        if len(self.classes_) == 2:
+        if self._loss() == "logistic":
             return (y_codes * (1 - eps) + eps / 2)[:, None].astype(np.float64)
         c = len(self.classes_)
         t = np.full((len(y_codes), c), eps / (c - 1))
@@ -353,7 +369,13 @@ class _FactorizationMachine(BaseEstimator):
     def _train(self, X, y_codes, weights, *, orders, n_epochs, params, opt_state, eval_data,
                backend, fields):
         """Run ``n_epochs`` epochs, each in the next row order the iterator ``orders``
-        yields (drawn as needed); returns (params, opt_state, epochs run)."""
+        yields (drawn as needed).
+
+        Returns:
+            ``(params, opt_state, losses, val_scores)``: ``losses`` the weighted mean
+            training loss of each epoch run, ``val_scores`` the validation metric of
+            each epoch (None without ``eval_data``).
+        """
         tx, lazy, (l2_linear, l2_factors) = self._optimizer()
         n_fields = params["r"].shape[-1] if self._model == "fwfm" else (
             params["V"].shape[2] if self._model == "ffm" else 1)
@@ -368,6 +390,7 @@ class _FactorizationMachine(BaseEstimator):
             X_val, y_val_codes = eval_data
             val_rows = fm_train.to_device_rows(X_val, fields, np.zeros((X_val.shape[0], 1)),
                                                np.zeros(X_val.shape[0]), dtype)
+        total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         bar = None
         if self.verbose:
             from tqdm.auto import tqdm
@@ -377,20 +400,24 @@ class _FactorizationMachine(BaseEstimator):
             # nothing to show or check between epochs: run them in few calls, each
             # holding at most ~16M row slots of permutations
             group = max(1, (1 << 24) // data.idx.shape[0])
+            sums = []
             while chunk := list(itertools.islice(orders, group)):
-                params, opt_state, _ = fm_train.train_epochs(cfg, params, opt_state, data, chunk)
-            return params, opt_state, n_epochs
+                params, opt_state, chunk_sums = fm_train.train_epochs(cfg, params, opt_state,
+                                                                      data, chunk)
+                sums.append(chunk_sums)
+            losses = np.concatenate(jax.device_get(sums)) / total_weight
+            return params, opt_state, losses.tolist(), None
         best = (np.inf, params, opt_state)
         stale = 0
-        epochs = 0
-        total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
+        losses, val_scores = [], []
         for order in orders:
             params, opt_state, loss_sum = fm_train.train_epoch(cfg, params, opt_state, data, order)
-            epochs += 1
-            postfix = {"loss": float(loss_sum) / total_weight}
+            losses.append(float(loss_sum) / total_weight)
+            postfix = {"loss": losses[-1]}
             if val_rows is not None:
                 scores = fm_train.decision_scores(self._model, params, val_rows)
                 metric = self._metric(scores[: X_val.shape[0]], y_val_codes)
+                val_scores.append(metric)
                 postfix["val"] = metric
                 if metric < best[0] - self.min_delta:
                     best, stale = (metric, params, opt_state), 0
@@ -403,9 +430,9 @@ class _FactorizationMachine(BaseEstimator):
                 break
         if bar is not None:
             bar.close()
-        if val_rows is not None:
-            params, opt_state = best[1], best[2]
-        return params, opt_state, epochs
+        if val_rows is None:
+            return params, opt_state, losses, None
+        return best[1], best[2], losses, val_scores
 
     def _encode(self, y, *, first, classes=None):
         """Label codes (classifier) or float targets (regressor); sets ``classes_``."""
@@ -417,8 +444,15 @@ class _FactorizationMachine(BaseEstimator):
             return y
         y = column_or_1d(y, warn=True)
         check_classification_targets(y)
+        if first and classes is None:
+            labels, codes = np.unique(y, return_inverse=True)  # one sort: labels and codes
+            if len(labels) < 2:
+                raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
+                                 f"{labels.tolist()}")
+            self.classes_ = labels
+            return codes.reshape(-1)
         if first:
-            labels = unique_labels(y) if classes is None else unique_labels(np.asarray(classes))
+            labels = unique_labels(np.asarray(classes))
             if len(labels) < 2:
                 raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
                                  f"{labels.tolist()}")
@@ -493,15 +527,19 @@ class _FactorizationMachine(BaseEstimator):
         n_rows = X.shape[0]
         # drawn epoch by epoch: max_iter orders of n rows need not fit in memory at once
         orders = (rng.permutation(n_rows) for _ in range(self.max_iter))
-        params, opt_state, epochs = self._train(X, y_codes, weights, orders=orders,
-                                                n_epochs=self.max_iter, params=params,
-                                                opt_state=opt_state, eval_data=eval_data,
-                                                backend=backend, fields=fields)
+        params, opt_state, losses, val_scores = self._train(
+            X, y_codes, weights, orders=orders, n_epochs=self.max_iter, params=params,
+            opt_state=opt_state, eval_data=eval_data, backend=backend, fields=fields)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
         self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
-        self.n_iter_ = epochs
+        self.n_iter_ = len(losses)
+        # warm_start continues the curves, as scikit-learn's MLP does
+        earlier = resume and getattr(self, "loss_curve_", None) is not None
+        self.loss_curve_ = (self.loss_curve_ if earlier else []) + losses
+        self.validation_scores_ = None if val_scores is None else (
+            ((resume and getattr(self, "validation_scores_", None)) or []) + val_scores)
         return self
 
     def _partial_fit(self, X, y, classes, field_ids, sample_weight):
@@ -527,15 +565,19 @@ class _FactorizationMachine(BaseEstimator):
             opt_state = None
             self.n_iter_ = 0
         else:
+            self._check_outputs()
             params, opt_state = self._to_internal(self._public()), self._resume_state()
-        params, opt_state, _ = self._train(X, y_codes, sw, orders=iter([np.arange(X.shape[0])]),
-                                           n_epochs=1, params=params, opt_state=opt_state,
-                                           eval_data=None, backend=backend, fields=fields)
+        params, opt_state, losses, _ = self._train(
+            X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), n_epochs=1, params=params,
+            opt_state=opt_state, eval_data=None, backend=backend, fields=fields)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
         self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
         self.n_iter_ += 1
+        self.loss_curve_ = ([] if first else getattr(self, "loss_curve_", [])) + losses
+        if first:
+            self.validation_scores_ = None
         return self
 
     def _optimizer_key(self):
@@ -560,6 +602,15 @@ class _FactorizationMachine(BaseEstimator):
             raise ValueError(f"warm_start needs the same classes as the first fit: fitted with "
                              f"classes_={fitted_classes.tolist()}, now y has "
                              f"{self.classes_.tolist()}")
+        self._check_outputs()
+
+    def _check_outputs(self):
+        """The fitted parameters have the current loss's parameter sets (``loss`` unchanged)."""
+        fitted = np.shape(self.w_)[0] if np.ndim(self.w_) == 2 else 1
+        if fitted != self._n_outputs:
+            raise ValueError(f"the model was fitted with {fitted} parameter set(s); loss="
+                             f"{self.loss!r} needs {self._n_outputs}: continue with the loss "
+                             "it was fitted with")
 
     # ------------------------------------------------------------ prediction
 
@@ -768,7 +819,7 @@ class _RegressorMixin(RegressorMixin):
 def _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon, ftrl_beta,
                  l1_linear, l1_factors, l2_linear, l2_factors, max_iter, batch_size, init_scale,
                  early_stopping, validation_fraction, patience, min_delta, warm_start,
-                 random_state, verbose, dtype, backend):
+                 random_state, verbose, dtype, backend, n_jobs):
     self.n_factors = n_factors
     self.optimizer = optimizer
     self.learning_rate = learning_rate
@@ -792,40 +843,44 @@ def _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsi
     self.verbose = verbose
     self.dtype = dtype
     self.backend = backend
+    self.n_jobs = n_jobs
 
 
-def _classifier_init(default_factors: int):
-    """``__init__`` of a classifier: modern_fm's names, explicit for scikit-learn."""
+def _classifier_init(default_factors: int, default_iter: int):
+    """``__init__`` of a classifier: modern_fm's names and defaults, explicit for scikit-learn."""
 
-    def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
-                 beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
-                 l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100, batch_size=1,
-                 init_scale=0.01, early_stopping=False, validation_fraction=0.1, patience=10,
-                 min_delta=0.0, warm_start=False, label_smoothing=0.0, class_weight=None,
-                 random_state=None, verbose=0, dtype="float32", backend="auto"):
+    def __init__(self, n_factors=default_factors, loss="logistic", optimizer="adagrad",
+                 learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0,
+                 l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5,
+                 max_iter=default_iter, batch_size=1, init_scale=0.01, early_stopping=False,
+                 validation_fraction=0.1, patience=10, min_delta=0.0, warm_start=False,
+                 label_smoothing=0.0, class_weight=None, random_state=None, n_jobs=-1,
+                 verbose=0, dtype="float32", backend="auto"):
         _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
                      ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
                      batch_size, init_scale, early_stopping, validation_fraction, patience,
-                     min_delta, warm_start, random_state, verbose, dtype, backend)
+                     min_delta, warm_start, random_state, verbose, dtype, backend, n_jobs)
+        self.loss = loss
         self.label_smoothing = label_smoothing
         self.class_weight = class_weight
 
     return __init__
 
 
-def _regressor_init(default_factors: int):
-    """``__init__`` of a regressor: the classifier's names less the label settings."""
+def _regressor_init(default_factors: int, default_iter: int):
+    """``__init__`` of a regressor: the classifier's names less the label settings (as in
+    modern_fm, no ``loss``: squared)."""
 
     def __init__(self, n_factors=default_factors, optimizer="adagrad", learning_rate=0.05,
                  beta_1=0.9, beta_2=0.999, epsilon=1e-8, ftrl_beta=1.0, l1_linear=0.0,
-                 l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=100, batch_size=1,
-                 init_scale=0.01, early_stopping=False, validation_fraction=0.1, patience=10,
-                 min_delta=0.0, warm_start=False, random_state=None, verbose=0,
-                 dtype="float32", backend="auto"):
+                 l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5, max_iter=default_iter,
+                 batch_size=1, init_scale=0.01, early_stopping=False, validation_fraction=0.1,
+                 patience=10, min_delta=0.0, warm_start=False, random_state=None, n_jobs=-1,
+                 verbose=0, dtype="float32", backend="auto"):
         _init_common(self, n_factors, optimizer, learning_rate, beta_1, beta_2, epsilon,
                      ftrl_beta, l1_linear, l1_factors, l2_linear, l2_factors, max_iter,
                      batch_size, init_scale, early_stopping, validation_fraction, patience,
-                     min_delta, warm_start, random_state, verbose, dtype, backend)
+                     min_delta, warm_start, random_state, verbose, dtype, backend, n_jobs)
 
     return __init__
 
@@ -836,12 +891,17 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
     Args:
         n_factors: k, factors per feature (per feature and field for FFM); 16 for
             FM, 8 for FFM and FwFM.
+        loss: "logistic" (default; softmax anyway for more than 2 classes) or
+            "softmax" (also for 2 classes: one parameter set per class), as in
+            modern_fm.
         optimizer: "sgd", "adagrad", "adam", "ftrl", or an optax
-            ``GradientTransformation``. The named ones step only the
-            coordinates a batch touches (lazy); a user's transformation sees
+            ``GradientTransformation``. The named ones (and gpustat's lazy
+            transformations passed directly) step only the rows a batch touches:
+            a batch's cost does not grow with p. A user's transformation sees
             the data gradient plus L2 on touched coordinates, zero elsewhere,
             and updates with its own (dense) semantics, unless it accepts the
-            ``touched`` keyword like :func:`gpustat.ftrl`.
+            ``touched`` keyword; it reads and writes the whole (p, ...) gradient,
+            parameters and state every batch.
         learning_rate: step size (FTRL's alpha); unused by a user's transformation.
         beta_1: Adam's first-moment decay.
         beta_2: Adam's second-moment decay.
@@ -851,7 +911,7 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
         l1_factors: FTRL's L1 on V (and r); needs optimizer="ftrl".
         l2_linear: L2 on w (coupled into the gradient; inside FTRL's step for FTRL).
         l2_factors: L2 on V (and r, pulled toward 0).
-        max_iter: epochs.
+        max_iter: epochs (modern_fm's defaults: 100 for FM, 50 for FFM and FwFM).
         batch_size: rows per mini-batch; gradients are averaged over the batch
             and every row is scored with the batch-start parameters. 1 is
             modern_fm's per-row default; on a GPU use 1024-8192.
@@ -867,6 +927,8 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
             multiclass ``1 - eps`` on the true class, ``eps / (C - 1)`` elsewhere.
         class_weight: None, "balanced" (``n / (C count_c)``) or {label: weight}.
         random_state: seed of the init and epoch permutations (module docs).
+        n_jobs: modern_fm's host thread count (None, -1 or >= 1); validated and
+            unused: the training runs on the device.
         verbose: show a progress bar per epoch with training loss and validation metric.
         dtype: "float32" (default) or "float64" (needs ``jax_enable_x64``):
             the dtype of parameters, optimizer state and training arithmetic;
@@ -883,22 +945,29 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
         n_fields_: F.
         n_features_in_: p.
         n_iter_: epochs run (each partial_fit call counts one).
+        loss_curve_: weighted mean training loss of each epoch (the data loss at
+            each batch's start parameters, without L2), like scikit-learn's MLP;
+            ``warm_start`` and ``partial_fit`` append.
+        validation_scores_: the validation metric of each epoch (logloss,
+            softmax cross-entropy or 1/2 MSE: lower is better) when
+            ``early_stopping`` or ``eval_set`` evaluates one, else None.
     """
 
     _model = "fm"
-    __init__ = _classifier_init(16)
+    __init__ = _classifier_init(16, 100)
 
 
 class FMRegressor(_RegressorMixin, _FactorizationMachine):
     """Factorization machine regressor (squared loss), trained on the device.
 
-    Parameters as :class:`FMClassifier` without ``label_smoothing`` and
-    ``class_weight``. Attributes ``w0_`` (float), ``w_`` (p,), ``V_`` (p, k),
-    ``field_ids_``, ``n_fields_``, ``n_features_in_``, ``n_iter_``.
+    Parameters as :class:`FMClassifier` without ``loss`` (squared), ``label_smoothing``
+    and ``class_weight``. Attributes ``w0_`` (float), ``w_`` (p,), ``V_`` (p, k),
+    ``field_ids_``, ``n_fields_``, ``n_features_in_``, ``n_iter_``, ``loss_curve_``,
+    ``validation_scores_``.
     """
 
     _model = "fm"
-    __init__ = _regressor_init(16)
+    __init__ = _regressor_init(16, 100)
 
 
 class FFMClassifier(_ClassifierMixin, _FactorizationMachine):
@@ -910,7 +979,7 @@ class FFMClassifier(_ClassifierMixin, _FactorizationMachine):
     """
 
     _model = "ffm"
-    __init__ = _classifier_init(8)
+    __init__ = _classifier_init(8, 50)
 
 
 class FFMRegressor(_RegressorMixin, _FactorizationMachine):
@@ -920,7 +989,7 @@ class FFMRegressor(_RegressorMixin, _FactorizationMachine):
     """
 
     _model = "ffm"
-    __init__ = _regressor_init(8)
+    __init__ = _regressor_init(8, 50)
 
 
 class FwFMClassifier(_ClassifierMixin, _FactorizationMachine):
@@ -933,7 +1002,7 @@ class FwFMClassifier(_ClassifierMixin, _FactorizationMachine):
     """
 
     _model = "fwfm"
-    __init__ = _classifier_init(8)
+    __init__ = _classifier_init(8, 50)
 
 
 class FwFMRegressor(_RegressorMixin, _FactorizationMachine):
@@ -944,4 +1013,4 @@ class FwFMRegressor(_RegressorMixin, _FactorizationMachine):
     """
 
     _model = "fwfm"
-    __init__ = _regressor_init(8)
+    __init__ = _regressor_init(8, 50)

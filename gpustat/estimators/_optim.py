@@ -38,7 +38,21 @@ import optax
 
 from gpustat._checks import check_real
 
-__all__ = ["ftrl", "lazy_adagrad", "lazy_adam", "lazy_sgd"]
+__all__ = ["RowwiseTransformation", "ftrl", "lazy_adagrad", "lazy_adam", "lazy_sgd"]
+
+
+class RowwiseTransformation(optax.GradientTransformationExtraArgs):
+    """A lazy transformation that acts on each coordinate alone.
+
+    Its ``update`` takes ``touched`` and leaves untouched coordinates (and their
+    state) unchanged, and its state is a ``NamedTuple`` whose fields are each
+    a pytree shaped like the parameters (or empty). The estimators' training
+    therefore steps a batch on the gathered rows of the features it touches
+    (parameters and state alike) and scatters them back: nothing of size p is
+    read or written per batch. Every transformation of this module is one.
+    """
+
+    __slots__ = ()
 
 
 def _touched_tree(touched, params_like):
@@ -77,7 +91,7 @@ class LazySgdState(NamedTuple):
     """SGD keeps no state."""
 
 
-def lazy_sgd(learning_rate: float) -> optax.GradientTransformationExtraArgs:
+def lazy_sgd(learning_rate: float) -> RowwiseTransformation:
     """Plain SGD that leaves untouched coordinates alone.
 
     Args:
@@ -103,7 +117,7 @@ def lazy_sgd(learning_rate: float) -> optax.GradientTransformationExtraArgs:
                                grads, touched)
         return updates, state
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return RowwiseTransformation(init, update)
 
 
 class LazyAdagradState(NamedTuple):
@@ -112,7 +126,7 @@ class LazyAdagradState(NamedTuple):
     sum_sq: Any
 
 
-def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTransformationExtraArgs:
+def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> RowwiseTransformation:
     """AdaGrad with the root outside eps: ``theta -= lr g / sqrt(G + eps)``, lazily.
 
     Args:
@@ -147,7 +161,7 @@ def lazy_adagrad(learning_rate: float, eps: float = 1e-10) -> optax.GradientTran
         sum_sq = jax.tree.map(lambda _, o: o[1], grads, out)
         return updates, LazyAdagradState(sum_sq)
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return RowwiseTransformation(init, update)
 
 
 class LazyAdamState(NamedTuple):
@@ -159,7 +173,7 @@ class LazyAdamState(NamedTuple):
 
 
 def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
-              eps: float = 1e-8) -> optax.GradientTransformationExtraArgs:
+              eps: float = 1e-8) -> RowwiseTransformation:
     """Adam with a per-coordinate step count that advances only when touched.
 
     ``theta -= lr m_hat / (sqrt(v_hat) + eps)``, ``m_hat = m / (1 - b1^t)``,
@@ -214,7 +228,7 @@ def lazy_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
         pick = [jax.tree.map(lambda _, o, i=i: o[i], grads, out) for i in range(4)]
         return pick[0], LazyAdamState(pick[1], pick[2], pick[3])
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return RowwiseTransformation(init, update)
 
 
 class FtrlState(NamedTuple):
@@ -232,7 +246,7 @@ def _per_leaf(value, params):
 
 
 def ftrl(learning_rate: float, beta: float = 1.0, l1: Any = 0.0,
-         l2: Any = 0.0) -> optax.GradientTransformationExtraArgs:
+         l2: Any = 0.0) -> RowwiseTransformation:
     """FTRL-Proximal (McMahan et al. 2013) with exact L1 zeros, lazy per coordinate.
 
     Feed it the pure data gradient: L1 and L2 are part of its closed-form step.
@@ -287,4 +301,4 @@ def ftrl(learning_rate: float, beta: float = 1.0, l1: Any = 0.0,
         pick = [jax.tree.map(lambda _, o, i=i: o[i], grads, out) for i in range(3)]
         return pick[0], FtrlState(pick[1], pick[2])
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return RowwiseTransformation(init, update)

@@ -1,14 +1,18 @@
 """Device-resident training of FM, FFM and FwFM: one compiled program per epoch.
 
-Data live on the device in a padded-row (ELL) layout: row ``r`` holds ``z``
-slots of feature index, value and field; unused slots have value 0 and index
-0 (they add nothing and touch nothing). An epoch is one compiled loop
-(``lax.fori_loop``) over the batches of a host-drawn row permutation; several
-epochs can run in one call (a loop over epochs around it). Every row of a
-batch is scored with the parameters frozen at the batch start, the batch
-gradient is accumulated sparsely (one contribution row per nonzero, summed per
-feature by :func:`gpustat.pallas.estimators.scatter_add_rows` or its
-reference), and an optax transformation steps the touched coordinates.
+Data live on the device in a padded-row (ELL) layout, built there from the
+CSR arrays: row ``r`` holds ``z`` slots of feature index, value and field;
+unused slots have value 0 and index 0 (they add nothing and touch nothing).
+An epoch is one compiled loop (``lax.fori_loop``) over the batches of a
+host-drawn row permutation; several epochs can run in one call (a loop over
+epochs around it). Every row of a batch is scored with the parameters frozen
+at the batch start and the batch gradient is formed sparsely (one contribution
+row per nonzero, summed per feature by
+:func:`gpustat.pallas.estimators.scatter_add_rows` or its reference). A
+:class:`~gpustat.estimators._optim.RowwiseTransformation` (the built-in optimizers)
+steps the gathered rows of the features the batch touches, parameters and
+state alike, which are scattered back: a batch's cost does not depend on p.
+Any other optax transformation steps the dense (p, ...) tables.
 
 Parameters are kept with the class axis right after the feature axis so that
 one feature's gradient is one contiguous table row:
@@ -40,7 +44,7 @@ import scipy.sparse as sp
 
 from gpustat._arrays import next_pow2
 from gpustat._backend import resolve_backend
-from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators._optim import RowwiseTransformation, ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 from gpustat.pallas.estimators import scatter_add_rows
 from gpustat.reference.estimators import scatter_add_rows_reference
 from gpustat.reference.factorization import fm_pair_sum
@@ -96,6 +100,11 @@ def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
                    weight: np.ndarray, dtype) -> DeviceRows:
     """Pack a canonical CSR matrix (no explicit zeros, no duplicates) for the device.
 
+    The CSR arrays go to the device as they are (``indptr``, ``indices``,
+    ``data``, padded to a bucketed length) in one transfer with the fields,
+    targets and weights; the padded-row layout and the slot fields are built
+    there (:func:`_ell_layout`). The host only reads the longest row.
+
     Args:
         X: (n, p) CSR matrix with sorted, duplicate-free indices and no explicit zeros.
         field_ids: (p,) int field of each feature.
@@ -109,21 +118,39 @@ def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
         row length.
     """
     n = X.shape[0]
-    lengths = np.diff(X.indptr)
-    z = max(next_pow2(int(lengths.max()) if n else 1), 8)
+    z = max(next_pow2(int(np.diff(X.indptr).max()) if n else 1), 8)
     n_pad = bucket(n + 1, 256)
-    idx = np.zeros((n_pad, z), np.int32)
-    val = np.zeros((n_pad, z), dtype)
-    rows = np.repeat(np.arange(n), lengths)
-    slots = np.arange(X.nnz) - np.repeat(X.indptr[:-1], lengths)
-    idx[rows, slots] = X.indices
-    val[rows, slots] = X.data
-    fld = np.asarray(field_ids, np.int32)[idx]
+    nnz_pad = bucket(X.nnz + 1, 256)
+    # padded entries lie past indptr[n]: rows n..n_pad-1 are empty
+    indptr = np.full(n_pad + 1, X.nnz, np.int32)
+    indptr[: n + 1] = X.indptr
+    indices = np.zeros(nnz_pad, np.int32)
+    indices[: X.nnz] = X.indices
+    data = np.zeros(nnz_pad, dtype)
+    data[: X.nnz] = X.data
     tgt = np.zeros((n_pad, target.shape[1]), dtype)
     tgt[:n] = target
     wgt = np.zeros(n_pad, dtype)
     wgt[:n] = weight
-    return DeviceRows(*(jnp.asarray(a) for a in (idx, val, fld, tgt, wgt)))
+    arrays = jax.device_put((indptr, indices, data, np.asarray(field_ids, np.int32), tgt, wgt))
+    return _ell_layout(z, *arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _ell_layout(z: int, indptr, indices, data, field_ids, target, weight) -> DeviceRows:
+    """CSR (rows padded to n_pad, entries to nnz_pad) -> :class:`DeviceRows` of width z."""
+    n_pad = indptr.shape[0] - 1
+    nnz_pad = indices.shape[0]
+    entry = jnp.arange(nnz_pad, dtype=jnp.int32)
+    # row of each entry: the number of row starts at or before it (empty rows share one)
+    starts = jnp.zeros(nnz_pad + 1, jnp.int32).at[indptr[1:-1]].add(1, mode="drop")
+    rows = jnp.cumsum(starts[:nnz_pad])
+    real = entry < indptr[-1]
+    rows = jnp.where(real, rows, n_pad)  # entries past nnz: dropped
+    slots = entry - indptr[jnp.minimum(rows, n_pad - 1)]
+    idx = jnp.zeros((n_pad, z), jnp.int32).at[rows, slots].set(indices, mode="drop")
+    val = jnp.zeros((n_pad, z), data.dtype).at[rows, slots].set(data, mode="drop")
+    return DeviceRows(idx, val, field_ids[idx], target, weight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +180,11 @@ class TrainConfig:
     l2_linear: float
     l2_factors: float
     backend: str
+
+    @property
+    def sparse(self) -> bool:
+        """Step only the touched rows (a row-wise built-in optimizer)."""
+        return isinstance(self.tx, RowwiseTransformation)
 
 
 @functools.lru_cache(maxsize=64)  # equal settings -> the same tx -> compiled epochs are reused
@@ -246,17 +278,20 @@ def _loss_grad_and_value(loss, s, target):
     return jnp.exp(log_p) - target, -(target * log_p).sum(-1)
 
 
-def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
-    """Dense batch gradient (data part) and touched masks.
+def _contributions(cfg: TrainConfig, params, idx, val, fld, coef, cache):
+    """The batch gradient before it is summed per feature.
 
-    ``coef`` (B, C) is weight_r dL/ds_r / B. Returns (grads, touched), both
-    pytrees shaped like ``params`` (touched leaves broadcast).
+    ``coef`` (B, C) is weight_r dL/ds_r / B. Returns ``(small, r_touched, lin,
+    factor_rows)``: the gradients of the small leaves (``w0``; FwFM's ``r``),
+    FwFM's touched mask of ``r`` (else None), and two (B z, .) tables with one
+    row per slot: ``lin`` holds the linear gradient (C), a touch count (1) and
+    FFM's per-field touch counts (F); ``factor_rows`` the factor gradient.
     """
     bsz, z = idx.shape
-    n_classes = coef.shape[1]
     present = (val != 0).astype(val.dtype)  # (B, z)
     lin_rows = [coef[:, None, :] * val[:, :, None], present[:, :, None]]
-    grads = {"w0": coef.sum(axis=0)}
+    small = {"w0": coef.sum(axis=0)}
+    r_touched = None
     if cfg.model == "fm":
         xv, q = cache
         dv = val[:, :, None, None] * q[:, None] - xv * val[:, :, None, None]
@@ -279,28 +314,47 @@ def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
         # ordered[c, f, g] = 1/2 sum_rows coef sum_{a != d} dots[a, d] [f_a = f][f_d = g],
         # contracted in two steps (partner fields first) to keep intermediates small
         per_field = _einsum("badc,bdg->bacg", dots, onehot) * coef[:, None, :, None]
-        grads["r"] = _upper_from_ordered(0.5 * _einsum("baf,bacg->cfg", onehot, per_field))
+        small["r"] = _upper_from_ordered(0.5 * _einsum("baf,bacg->cfg", onehot, per_field))
         partners = (_pair_weights(present) != 0).astype(val.dtype)
         pair_fields = _einsum("bad,bdg->bag", partners, onehot)
         pair_counts = _upper_from_ordered(_einsum("baf,bag->fg", onehot, pair_fields))
         r_touched = (pair_counts > 0)[None]
+    lin = jnp.concatenate([r.reshape(bsz * z, -1) for r in lin_rows], axis=1)
+    return small, r_touched, lin, factor_rows.reshape(bsz * z, -1)
+
+
+def _summed(cfg: TrainConfig, contributions, slot_rows, n_rows: int):
+    """Sum the slot contributions into ``n_rows`` gradient rows (slot e -> row
+    ``slot_rows[e]``). Returns (grads, touched), both pytrees shaped like the
+    parameters with ``n_rows`` feature rows (touched leaves broadcast)."""
+    small, r_touched, lin, factor_rows = contributions
+    n_classes = small["w0"].shape[0]
     scatter = _scatter_fn(cfg.backend)
-    flat_idx = idx.reshape(bsz * z)
-    aux = scatter(flat_idx, jnp.concatenate([r.reshape(bsz * z, -1) for r in lin_rows], axis=1),
-                  cfg.n_features)
-    factors = scatter(flat_idx, factor_rows.reshape(bsz * z, -1), cfg.n_features)
+    aux = scatter(slot_rows, lin, n_rows)
+    factors = scatter(slot_rows, factor_rows, n_rows)
+    grads = dict(small)
     grads["w"] = aux[:, :n_classes]
     feature_touched = (aux[:, n_classes] > 0)[:, None]
     touched = {"w0": jnp.ones((1,), bool), "w": feature_touched}
     if cfg.model == "ffm":
-        grads["V"] = factors.reshape(cfg.n_features, n_classes, cfg.n_fields, -1)
+        grads["V"] = factors.reshape(n_rows, n_classes, cfg.n_fields, -1)
         touched["V"] = (aux[:, n_classes + 1:] > 0)[:, None, :, None]
     else:
-        grads["V"] = factors.reshape(cfg.n_features, n_classes, -1)
+        grads["V"] = factors.reshape(n_rows, n_classes, -1)
         touched["V"] = feature_touched[:, :, None]
     if cfg.model == "fwfm":
         touched["r"] = r_touched
     return grads, touched
+
+
+def _gradients(cfg: TrainConfig, params, idx, val, fld, coef, cache):
+    """Dense batch gradient (data part) and touched masks.
+
+    ``coef`` (B, C) is weight_r dL/ds_r / B. Returns (grads, touched), both
+    pytrees shaped like ``params`` (touched leaves broadcast).
+    """
+    contributions = _contributions(cfg, params, idx, val, fld, coef, cache)
+    return _summed(cfg, contributions, idx.reshape(-1), cfg.n_features)
 
 
 def _scatter_fn(backend):
@@ -318,20 +372,83 @@ def _add_l2(cfg: TrainConfig, grads, touched, params):
     return out
 
 
-def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
-    idx, val, fld = data.idx[rows], data.val[rows], data.fld[rows]
-    target, weight = data.target[rows], data.weight[rows]
+def _batch_inputs(cfg: TrainConfig, params, idx, val, fld, target, weight, count):
+    """The batch's slots with ``coef`` = weight_r dL/ds_r / B, and its weighted loss.
+
+    ``idx`` indexes the feature rows of ``params`` (all of them, or the gathered ones).
+    """
     s, cache = _scores(cfg.model, params, idx, val, fld)
     dlds, row_loss = _loss_grad_and_value(cfg.loss, s, target)
     coef = dlds * (weight / count)[:, None]
-    grads, touched = _gradients(cfg, params, idx, val, fld, coef, cache)
+    return (idx, val, fld, coef, cache), (weight * row_loss).sum()
+
+
+def _dense_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
+    """A step of a user's transformation: the full (p, ...) gradient, zero off the batch."""
+    inputs, batch_loss = _batch_inputs(cfg, params, *(leaf[rows] for leaf in data), count)
+    grads, touched = _gradients(cfg, params, *inputs)
     grads = _add_l2(cfg, grads, touched, params)
     if cfg.lazy:
         updates, opt_state = cfg.tx.update(grads, opt_state, params, touched=touched)
     else:
         updates, opt_state = cfg.tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, (weight * row_loss).sum()
+    return params, opt_state, batch_loss
+
+
+_ROW_LEAVES = ("w", "V")  # leaves with a feature axis; w0 and r are stepped whole
+
+
+def _gather_rows(tree, uniq):
+    """The rows ``uniq`` of the feature-axis leaves (zeros at the fill index p)."""
+    return {name: leaf.at[uniq].get(mode="fill", fill_value=0) if name in _ROW_LEAVES else leaf
+            for name, leaf in tree.items()}
+
+
+def _scatter_rows(tree, rows, uniq):
+    """``tree`` with the rows ``uniq`` of its feature-axis leaves replaced by ``rows``
+    (the fill index p is out of range: dropped)."""
+    return {name: leaf.at[uniq].set(rows[name], mode="drop", indices_are_sorted=True)
+            if name in _ROW_LEAVES else rows[name] for name, leaf in tree.items()}
+
+
+def _state_map(fn, state, *others):
+    """Apply ``fn`` to each parameter-shaped field of a row-wise transformation's state."""
+    return type(state)(*(fn(*fields) for fields in zip(state, *others)))
+
+
+def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
+    """A step of a row-wise transformation on the rows of the features the batch touches.
+
+    The batch's feature indices are made unique (a fixed size, B z, padded with
+    the out-of-range index p) and the rows of the parameters gathered once; the
+    batch is scored on them (slot indices into the gathered rows), its slot
+    contributions are summed into them, and they and the gathered rows of the
+    state are stepped and scattered back. Untouched gathered rows (the padding
+    slots' feature) come back unchanged, as the lazy transformation leaves them.
+    """
+    idx = data.idx[rows]
+    size = idx.size
+    uniq, inverse = jnp.unique(idx.reshape(-1), size=size, fill_value=cfg.n_features,
+                               return_inverse=True)
+    local = inverse.reshape(idx.shape)
+    sub = _gather_rows(params, uniq)
+    inputs, batch_loss = _batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
+                                       data.target[rows], data.weight[rows], count)
+    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1), size)
+    sub_state = _state_map(lambda field: _gather_rows(field, uniq), opt_state)
+    grads = _add_l2(cfg, grads, touched, sub)
+    updates, sub_state = cfg.tx.update(grads, sub_state, sub, touched=touched)
+    sub = optax.apply_updates(sub, updates)
+    params = _scatter_rows(params, sub, uniq)
+    opt_state = _state_map(lambda full, part: _scatter_rows(full, part, uniq), opt_state,
+                           sub_state)
+    return params, opt_state, batch_loss
+
+
+def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
+    step = _sparse_step if cfg.sparse else _dense_step
+    return step(cfg, params, opt_state, data, rows, count)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -339,15 +456,15 @@ def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders,
                   n_batches, n_epochs):
     def epoch(e, carry):
         def body(b, carry):
-            params, opt_state, loss_sum = carry
+            params, opt_state, losses = carry
             params, opt_state, batch_loss = _batch_step(cfg, params, opt_state, data,
                                                         orders[e, b], counts[b])
-            return params, opt_state, loss_sum + batch_loss
+            return params, opt_state, losses.at[e].add(batch_loss)
 
         return jax.lax.fori_loop(0, n_batches, body, carry)
 
-    zero = jnp.zeros((), data.val.dtype)
-    return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, zero))
+    losses = jnp.zeros(orders.shape[0], data.val.dtype)  # one weighted loss sum per epoch
+    return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
 def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
@@ -365,8 +482,9 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
         orders: sequence of (n,) row visit orders, one per epoch (same n).
 
     Returns:
-        ``(params, opt_state, weighted loss sum over all rows visited)``, the
-        loss taken at each batch's frozen parameters.
+        ``(params, opt_state, losses)``: ``losses`` (len(orders),) is each
+        epoch's weighted loss sum over its rows, taken at each batch's frozen
+        parameters.
     """
     n_pad = data.idx.shape[0]
     # a batch larger than the data is one batch of every row (B = n either way): without
@@ -386,15 +504,18 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     counts = np.full(slots // bsz, bsz)
     counts[n_batches - 1] = n - (n_batches - 1) * bsz
     dtype = data.val.dtype
-    return _train_epochs(cfg, params, opt_state, data,
-                         jnp.asarray(padded.reshape(len(padded), -1, bsz)),
-                         jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
-                         jnp.asarray(len(orders), jnp.int32))
+    params, opt_state, losses = _train_epochs(
+        cfg, params, opt_state, data, jnp.asarray(padded.reshape(len(padded), -1, bsz)),
+        jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
+        jnp.asarray(len(orders), jnp.int32))
+    return params, opt_state, losses[: len(orders)]
 
 
 def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
-    """One epoch over the rows in ``order``: :func:`train_epochs` with one order."""
-    return train_epochs(cfg, params, opt_state, data, [order])
+    """One epoch over the rows in ``order``: :func:`train_epochs` with one order; the
+    loss is the epoch's weighted loss sum (a scalar)."""
+    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order])
+    return params, opt_state, losses[0]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

@@ -120,3 +120,18 @@ def test_scatter_reference_sums_duplicates():
     for i, r in zip(idx, rows):
         expected[i] += r
     np.testing.assert_allclose(scatter_add_rows_reference(idx, rows, 7), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("model", ["fm", "fwfm"])
+def test_binary_softmax_loss_matches_reference_trainer(model):
+    # loss="softmax" on two classes (modern_fm's option): two parameter sets, softmax targets
+    X, fields, y = _data(3)
+    y = y % 2
+    kw = _settings("adagrad")
+    est = CLASSIFIERS[model](n_factors=K, max_iter=EPOCHS, batch_size=BATCH, init_scale=0.3,
+                             random_state=5, dtype="float64", backend="reference",
+                             loss="softmax", label_smoothing=0.1, **kw)
+    est.fit(X, y, field_ids=fields)
+    params = _oracle_fit(model, "softmax", X, fields, y, 2, kw, random_state=5, init_scale=0.3,
+                         label_smoothing=0.1)
+    _assert_params_equal(est, params, squeeze=False)
