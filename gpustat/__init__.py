@@ -40,6 +40,7 @@ from gpustat.factorization import fm_predict as fm_predict  # noqa: E402
 from gpustat.factorization import fwfm_predict as fwfm_predict  # noqa: E402
 from gpustat.libffm import dump_libffm as dump_libffm  # noqa: E402
 from gpustat.libffm import load_libffm as load_libffm  # noqa: E402
+from gpustat.mixture_bayesian import BayesianGaussianMixture as BayesianGaussianMixture  # noqa: E402
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture  # noqa: E402
 from gpustat.mixture_params import MixtureParams as MixtureParams  # noqa: E402
 from gpustat.piecewise import PiecewisePolynomial as PiecewisePolynomial  # noqa: E402
@@ -52,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CSR",
     "BackendUnavailableError",
+    "BayesianGaussianMixture",
     "BorderBatch",
     "BorderSolution",
     "FFMClassifier",

@@ -14,9 +14,11 @@ This module is the functional namespace: ops (:func:`mvn_logpdf`, :func:`log_pro
 :func:`responsibilities`, :func:`suff_stats`, :func:`sample_labels`,
 :func:`suff_stats_from_labels`), the M-step, the drivers (:func:`fit_em`, :func:`fit_bem`,
 :func:`fit_gibbs`, streaming :func:`online_em_step`) and their data types. The
-scikit-learn-compatible estimator is :class:`gpustat.GaussianMixture`.
+scikit-learn-compatible estimators are :class:`gpustat.GaussianMixture` and the
+variational :class:`gpustat.BayesianGaussianMixture`.
 """
 
+from gpustat.mixture_bayesian import BayesianGaussianMixture as BayesianGaussianMixture
 from gpustat.mixture_estimator import ConvergenceWarning as ConvergenceWarning
 from gpustat.mixture_estimator import GaussianMixture as GaussianMixture
 from gpustat.mixture_fit import STATUS_ILL_DEFINED_COVARIANCE as STATUS_ILL_DEFINED_COVARIANCE
@@ -53,6 +55,7 @@ from gpustat.mixture_priors import stick_weights as stick_weights
 __all__ = [
     "STATUS_ILL_DEFINED_COVARIANCE",
     "STATUS_OK",
+    "BayesianGaussianMixture",
     "ConvergenceWarning",
     "DirichletPrior",
     "EMResult",
