@@ -103,7 +103,11 @@ def test_restarts_from_the_same_rows_keep_scikit_learns_best(data):
 
 
 def test_passes_scikit_learns_estimator_checks():
-    est = BayesianGaussianMixture(n_components=2, backend="reference", random_state=0)
+    """With no expected failures. The checks exercise the API, not the initialisation:
+    "random_from_data" compiles the cheapest start (the default "kmeans" passes them too,
+    in ~40% more time; its start is compiled by the compilation and docs tests)."""
+    est = BayesianGaussianMixture(n_components=2, backend="reference", random_state=0,
+                                  init_params="random_from_data")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = check_estimator(est, on_fail=None)
