@@ -111,7 +111,13 @@ class _Posterior:
     covariance_type: str = dataclasses.field(metadata=dict(static=True))
 
     def shifted(self, shift) -> _Posterior:
+        """The posterior of the data moved by ``shift`` (p,): only the means move."""
         return dataclasses.replace(self, means=self.means + shift)
+
+    def mixture(self, weights) -> MixtureParams:
+        """The Gaussian mixture of these means and covariances with the given weights."""
+        return MixtureParams(weights, self.means, self.covariances, self.precisions_cholesky,
+                             self.covariance_type)
 
 
 def _expected_log_weights(post: _Posterior, prior_type: str):
@@ -141,8 +147,7 @@ def _log_offsets(post: _Posterior, prior_type: str):
 
 def _density_params(post: _Posterior, offsets) -> MixtureParams:
     """The E-step's mixture: the posterior's means and covariances, weights softmax(c)."""
-    return MixtureParams(jax.nn.softmax(offsets), post.means, post.covariances,
-                         post.precisions_cholesky, post.covariance_type)
+    return post.mixture(jax.nn.softmax(offsets))
 
 
 def _vb_m_step(stats: SuffStats, prior: _Prior, *, covariance_type: str, prior_type: str,
@@ -203,9 +208,7 @@ def _lower_bound(entropy_sum, post: _Posterior, prior: _Prior, prior_type: str):
     """scikit-learn's lower bound (constants dropped) after the M-step to ``post``."""
     p = post.means.shape[-1]
     nu = _dof(post)
-    chol_params = MixtureParams(post.mean_precision, post.means, post.covariances,
-                                post.precisions_cholesky, post.covariance_type)
-    log_det = log_det_precision_cholesky(chol_params) - 0.5 * p * jnp.log(nu)
+    log_det = log_det_precision_cholesky(post.mixture(None)) - 0.5 * p * jnp.log(nu)
     log_wishart = -jnp.sum(nu * log_det + nu * p * 0.5 * math.log(2.0) + jnp.sum(
         gammaln(0.5 * (nu[:, None] - jnp.arange(p, dtype=nu.dtype))), axis=1))
     if prior_type == "dirichlet_process":
@@ -530,7 +533,7 @@ class BayesianGaussianMixture(DensityMixin, BaseEstimator):
                 and (fitting or self._params.means.dtype != jnp.float32)):
             warnings.warn("X is float64 but jax_enable_x64 is off: computing in float32 "
                           "(call jax.config.update('jax_enable_x64', True) for float64)",
-                          UserWarning, stacklevel=3)
+                          UserWarning, stacklevel=4)
         X = check_data(integers_as_float(X))
         if fitting:
             if X.shape[0] < self.n_components:
