@@ -456,9 +456,10 @@ class BayesianGaussianMixture(DensityMixin, BaseEstimator):
 
     float32 X is fitted in float32, float64 in float64 (with ``jax_enable_x64``; without
     it float64 is fitted in float32 with a warning); integers and bools become float64
-    (float32 without x64). In float32 the lower bound's entropy term, formed from the
-    statistics, carries roundoff of about 1e-7 x sum_i |log sum_j rho_ij|, so ``tol``
-    should exceed that for convergence to be detected.
+    (float32 without x64). In float32 the lower bound (a sum over rows; its entropy term
+    is a difference of two such sums, formed from the statistics) carries roundoff of up
+    to ~1e-6 of its magnitude, far above the default ``tol``: pass float64, or a ``tol``
+    above that, for convergence to be detected.
     """
 
     def __init__(self, *, n_components: int = 1, covariance_type: str = "full",
