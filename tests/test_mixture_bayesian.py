@@ -6,6 +6,7 @@ import re
 import warnings
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import sklearn.mixture
@@ -13,8 +14,8 @@ from jax._src import monitoring
 from sklearn.utils.estimator_checks import check_estimator
 
 import gpustat
-from gpustat import BayesianGaussianMixture
-from tests.helpers import assert_close
+from gpustat import BayesianGaussianMixture, mixture_bayesian
+from tests.helpers import assert_close, assert_lowers_for_cuda
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 PRIOR_TYPES = ("dirichlet_process", "dirichlet_distribution")
@@ -164,6 +165,37 @@ def test_kernel_path_in_interpret_mode_matches_the_reference(data):
         reference = BayesianGaussianMixture(backend="reference", **settings).fit(data[:40])
     _assert_same(kernel, reference, FITTED, rtol=1e-10)
     assert_close(kernel.lower_bound_, reference.lower_bound_, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("covariance_type", "dtype"), [("full", np.float64),
+                                                      ("diag", np.float32)])
+def test_fit_and_inference_lower_for_cuda_with_the_kernels(data, covariance_type, dtype,
+                                                          monkeypatch):
+    """The device loop (E-step kernel, digamma / gammaln, Cholesky) and the inference
+    programs lower for CUDA with their Triton kernel calls (deviceless, PALLAS.md; the
+    public density ops inside the inference programs are told a GPU is there)."""
+    X = data.astype(dtype)
+    est = BayesianGaussianMixture(n_components=3, covariance_type=covariance_type,
+                                  init_params="random_from_data", max_iter=0,
+                                  backend="reference", random_state=0).fit(X)
+    user = dict.fromkeys(("weight_concentration", "mean_precision", "mean",
+                          "degrees_of_freedom", "covariance"))
+    prior = mixture_bayesian._prior_jit(X, user, covariance_type=covariance_type,
+                                        n_components=3)
+    starts = jax.tree.map(lambda a: a[None], est._posterior)
+    settings = dict(path="pallas", precision="highest")
+
+    def fit(X):
+        return mixture_bayesian._fit_jit(
+            X, prior, starts, np.full(1, -np.inf, dtype), 1e-3, 1e-6,
+            prior_type="dirichlet_process", max_iter=5, report_every=0, **settings)
+
+    shape = [jax.ShapeDtypeStruct(X.shape, dtype)]
+    assert_lowers_for_cuda(fit, shape)
+    monkeypatch.setattr(gpustat._backend, "cuda_gpu_available", lambda: True)
+    for program in (mixture_bayesian._predict_jit, mixture_bayesian._predict_proba_jit):
+        assert_lowers_for_cuda(lambda X, program=program: program(X, est._params, **settings),
+                               shape)
 
 
 def test_singular_covariance_raises_naming_the_cause(data):
