@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 import warnings
 
 import jax
@@ -50,7 +49,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from gpustat._checks import is_int
-from gpustat.mixture_estimator import sample_mixture
+from gpustat.mixture_estimator import _is_real, sample_mixture
 from gpustat.mixture_fit import _report_iteration
 from gpustat.mixture_init import INIT_METHODS, _label_stats, _lloyd, kmeans_plusplus
 from gpustat.mixture_mstep import _mle_covariances
@@ -396,10 +395,6 @@ def _raise_if_failed(failed, covariance_type: str) -> None:
             f"empirical covariance: {which} not positive definite (their scatter plus "
             "covariance_prior is singular). Increase reg_covar, or pass a positive definite "
             "covariance_prior.")
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _positive_or_none(value) -> bool:
