@@ -25,6 +25,7 @@ _NAMES = {
     "BorderSolution": "gpustat.border",
     "retry_failed": "gpustat.border",
     "solve_batched_border": "gpustat.border",
+    "BayesianGaussianMixture": "gpustat.mixture",
     "CSR": "gpustat.csr",
     "FFMClassifier": "gpustat.estimators",
     "FFMRegressor": "gpustat.estimators",
@@ -57,6 +58,7 @@ _SUBMODULES = ("bms", "border", "distributed", "estimators", "factorization", "m
 __all__ = [
     "CSR",
     "BackendUnavailableError",
+    "BayesianGaussianMixture",
     "BorderBatch",
     "BorderSolution",
     "FFMClassifier",
@@ -136,5 +138,5 @@ if TYPE_CHECKING:
         load_libffm,
         load_svmlight,
     )
-    from gpustat.mixture import GaussianMixture, MixtureParams
+    from gpustat.mixture import BayesianGaussianMixture, GaussianMixture, MixtureParams
     from gpustat.piecewise import PiecewisePolynomial, activation, fit_piecewise, ppoly_eval

@@ -18,6 +18,7 @@ summaries (:func:`relabel`, :class:`MixtureDraws`) and their data types. The
 scikit-learn-compatible estimator is :class:`gpustat.GaussianMixture`.
 """
 
+from gpustat.mixture._bayesian import BayesianGaussianMixture as BayesianGaussianMixture
 from gpustat.mixture._em import STATUS_ILL_DEFINED_COVARIANCE as STATUS_ILL_DEFINED_COVARIANCE
 from gpustat.mixture._em import STATUS_OK as STATUS_OK
 from gpustat.mixture._em import EMResult as EMResult
@@ -58,6 +59,7 @@ from gpustat.reference.mixture import SuffStats as SuffStats
 __all__ = [
     "STATUS_ILL_DEFINED_COVARIANCE",
     "STATUS_OK",
+    "BayesianGaussianMixture",
     "ConvergenceWarning",
     "DirichletPrior",
     "EMResult",

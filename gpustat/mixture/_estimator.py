@@ -54,6 +54,29 @@ def _check_finite(values: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} contains {bad} NaN or infinite values")
 
 
+def sample_mixture(rng: np.random.RandomState, weights, means, covariances,
+                   covariance_type: str, n_samples: int):
+    """scikit-learn's ``sample``: (X (n_samples, p) float64, labels (n_samples,)) drawn with
+    ``rng`` from weights (m,), means (m, p) and covariances (full (m, p, p), tied (p, p), diag
+    (m, p), spherical (m,)): counts per component from one multinomial draw, then full and
+    tied components by ``multivariate_normal``, diag and spherical ones as
+    mean + z sqrt(variance) with z standard normal."""
+    pvals = np.asarray(weights, np.float64)
+    counts = rng.multinomial(n_samples, pvals / pvals.sum())
+    p = means.shape[1]
+    pieces = []
+    for j, count in enumerate(counts):
+        if covariance_type == "full":
+            pieces.append(rng.multivariate_normal(means[j], covariances[j], int(count)))
+        elif covariance_type == "tied":
+            pieces.append(rng.multivariate_normal(means[j], covariances, int(count)))
+        else:  # diag (p,) or spherical () variances, broadcast over the features
+            z = rng.standard_normal(size=(int(count), p))
+            pieces.append(means[j] + z * np.sqrt(covariances[j]))
+    labels = np.repeat(np.arange(len(counts)), counts)
+    return np.vstack(pieces), labels
+
+
 class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
 
@@ -391,23 +414,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self._check_fitted()
         if not is_int(n_samples) or n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples=}")
-        rng = np.random.RandomState(self.random_state)
-        pvals = np.asarray(self.weights_, np.float64)
-        counts = rng.multinomial(n_samples, pvals / pvals.sum())
-        p = self.means_.shape[1]
-        pieces = []
-        for j, count in enumerate(counts):
-            if self.covariance_type == "full":
-                pieces.append(rng.multivariate_normal(self.means_[j], self.covariances_[j],
-                                                      int(count)))
-            elif self.covariance_type == "tied":
-                pieces.append(rng.multivariate_normal(self.means_[j], self.covariances_,
-                                                      int(count)))
-            else:  # diag (p,) or spherical () variances, broadcast over the features
-                z = rng.standard_normal(size=(int(count), p))
-                pieces.append(self.means_[j] + z * np.sqrt(self.covariances_[j]))
-        labels = np.repeat(np.arange(len(counts)), counts)
-        return np.vstack(pieces), labels
+        return sample_mixture(np.random.RandomState(self.random_state), self.weights_,
+                              self.means_, self.covariances_, self.covariance_type,
+                              int(n_samples))
 
     def _n_parameters(self) -> int:
         k, p = self.means_.shape
