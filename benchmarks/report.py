@@ -158,6 +158,9 @@ def render(groups: dict[tuple[str, str], list[dict]]) -> str:
     parts = [INTRO]
     if not groups:
         parts.append("No results are committed yet.\n")
+    else:
+        parts.append("## Headline ratios\n")
+        parts.append(headline_table(groups) + "\n")
     for (device, module), rows in groups.items():
         meta = rows[0]
         parts.append(f"## {module} on {meta['device']}\n")
