@@ -69,6 +69,60 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
+
+#: The README's performance table: (capability, case, text), the text's fields read from
+#: the committed results as (device folder, module, case, dtype, backend, key).
+HEADLINES = [
+    ("piecewise", "`pp(x)`, 2^26 points, 256 graded cubic pieces (H100)",
+     "{x:.0f}x XLA `searchsorted`, {f:.0%} of copy bandwidth",
+     {"x": (H100, "triton", "search_float32_N2^26/public_auto", "float32", "auto",
+            "speedup_vs_xla"),
+      "f": (H100, "triton", "search_float32_N2^26/public_auto", "float32", "auto",
+            "roofline_fraction")}),
+    ("factorization", "FM / FFM / FwFM scores, 1M rows (H100)",
+     "{fm:.1f}x / {ffm:.1f}x / {fwfm:.1f}x XLA; {cfm:,.0f}x / {cffm:,.0f}x / {cfwfm:,.0f}x "
+     "modern_fm (CPU)",
+     {f"{c}{m}": (H100, "factorization", f"{m}_pallas", "float32", "pallas", key)
+      for m in ("fm", "ffm", "fwfm")
+      for c, key in (("", "speedup_vs_xla"), ("c", "speedup_vs_modern_fm_cpu"))}),
+    ("estimators", "FM / FFM / FwFM training epoch, 200k rows (H200)",
+     "{fm:.0f}x / {ffm:.0f}x / {fwfm:.0f}x modern_fm (16 CPU threads), same test AUC",
+     {m: (H200, "estimators", f"ctr200k_{m}", "float32", "pallas", "speedup_vs_modern_fm")
+      for m in ("fm", "ffm", "fwfm")}),
+    ("bms", "Stage 2 row derivatives, 195k rows, float64 (H100)",
+     "{s2:.1f}x XLA; dense joint block {dense:.1f}x",
+     {"s2": (H100, "bms", "stage2_row_derivatives", "float64", "pallas", "speedup_vs_xla"),
+      "dense": (H100, "bms", "joint_dense", "float64", "pallas", "speedup_vs_xla")}),
+    ("border", "100k atoms, float64, fused Triton kernel (H100)",
+     "{xla:.0f}x XLA; {scipy:,.0f}x a scipy loop",
+     {"xla": (H100, "border", "summary", "float64", "triton", "speedup_vs_xla"),
+      "scipy": (H100, "border", "summary", "float64", "triton", "speedup_vs_scipy")}),
+    ("mixture", "EM iteration, n = 1e6, p = 16, m = 256, `precision=\"f16x3\"` (H100)",
+     "{em:.1f}x XLA's quadratic-feature EM",
+     {"em": (H100, "mixture", "em_iteration", "float32", "triton", "speedup_vs_xla")}),
+    ("distributed", "`fit_em`, n = 2e6, on 2 H200", "{em:.2f}x one GPU",
+     {"em": (H200, "distributed", "fit_em", "float32", "sharded_2gpu", "speedup_vs_1gpu")}),
+]
+
+
+def headline_table(groups: dict[tuple[str, str], list[dict]]) -> str:
+    """The README's table of headline ratios, from the newest committed rows."""
+    def value(device, module, case, dtype, backend, key):
+        rows = [r for r in groups[(device, module)]
+                if (r["case"], r["dtype"], r["backend"]) == (case, dtype, backend)]
+        if len(rows) != 1:
+            raise LookupError(f"{device}/{module}.jsonl: {len(rows)} rows of "
+                              f"{(case, dtype, backend)}")
+        return rows[0][key]
+
+    lines = ["| capability | case | ratio |", "|---|---|---|"]
+    for capability, case, text, fields in HEADLINES:
+        ratio = text.format(**{k: value(*v) for k, v in fields.items()})
+        lines.append(f"| {capability} | {case} | {ratio} |")
+    return "\n".join(lines)
+
+
 def _image(device: str, module: str) -> Path:
     return IMAGES / f"{device}-{module}.png"
 
@@ -104,6 +158,9 @@ def render(groups: dict[tuple[str, str], list[dict]]) -> str:
     parts = [INTRO]
     if not groups:
         parts.append("No results are committed yet.\n")
+    else:
+        parts.append("## Headline ratios\n")
+        parts.append(headline_table(groups) + "\n")
     for (device, module), rows in groups.items():
         meta = rows[0]
         parts.append(f"## {module} on {meta['device']}\n")
