@@ -55,11 +55,14 @@ from gpustat.reference.bms import CellStatus, RowStatus
 __all__ = [
     "BmsRows",
     "CellStatus",
+    "FitResult",
+    "FitStatus",
     "JointOperator",
     "RowDerivatives",
     "RowStatus",
     "build_rows",
     "cell_moments",
+    "fit",
     "flat_cubic_basis",
     "joint_dense",
     "joint_diagonal",
@@ -215,10 +218,10 @@ _device_fields = jax.jit(build_row_fields)
 def _check_row_inputs(**rows):
     """The (n,) row arrays as float64, shapes checked; values checked where concrete."""
     arrays = {name: _float64(v) for name, v in rows.items()}
-    n = arrays["q"].shape
+    first, n = next(iter(arrays)), next(iter(arrays.values())).shape
     for name, v in arrays.items():
         if v.ndim != 1 or v.shape != n:
-            raise ValueError(f"{name} must have shape (n,) = {n} like q, got "
+            raise ValueError(f"{name} must have shape (n,) = {n} like {first}, got "
                              f"{name}.shape={v.shape}")
         if _is_concrete(v) and not np.all(np.isfinite(v)):
             raise ValueError(f"{name} must be finite")
@@ -524,3 +527,7 @@ class JointOperator:
     def dense(self) -> Float[Array, "p_total p_total"]:
         """The dense joint Hessian."""
         return joint_dense(self.hess, self.x, self.g, backend=self.backend)
+
+
+# the Newton driver calls the ops above
+from gpustat.bms_fit import FitResult, FitStatus, fit  # noqa: E402
