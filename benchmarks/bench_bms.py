@@ -150,7 +150,7 @@ def run_params(rec: Recorder) -> None:
                               z_obs[:64], y[:64], w[:64], 0.9)["a"]
     check_close("params intercepts", a[:64], host_a, rtol=1e-12)
     assert np.all(np.asarray(out.status) == 0)
-    timing = time_fn(derivatives, [params], repeats=5, warmup=1)
+    timing = time_fn(derivatives, [params], warmup=1, calls_per_repeat=1)
     rec.record("params_to_row_hessians", shape=(n, 9), dtype="float64", backend="auto",
                timing=timing, items=n, item_name="rows")
 

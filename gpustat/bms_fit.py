@@ -118,9 +118,9 @@ def _pcg(matvec, precond, rhs, tol, max_cg):
     return d, k
 
 
-@functools.partial(jax.jit, static_argnames=("max_iterations", "max_cg", "order", "backend"))
-def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, *, max_iterations,
-              max_cg, order, backend):
+@functools.partial(jax.jit, static_argnames=("order", "backend"))
+def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_iterations,
+              max_cg, *, order, backend):
     p_m, p_g = x.shape[1], g.shape[1]
     p_h = 0 if score is None else score[2].shape[1]
 
@@ -275,6 +275,5 @@ def fit(x: Float[ArrayLike, "n p_m"], g: Float[ArrayLike, "n p_g"],
     _bms.resolve_backend(backend, op="bms.fit")
     return _fit_loop(basis_table(score_basis), basis_table(link_basis), x, g, rows["z_obs"],
                      rows["y"], rows["w"], _bms._float64(s_f), beta0, penalty, float(gtol),
-                     max_iterations=int(max_iterations),
-                     max_cg=int(2 * p_total if max_cg is None else max_cg), order=int(order),
-                     backend=backend)
+                     np.int32(max_iterations), np.int32(2 * p_total if max_cg is None else max_cg),
+                     order=int(order), backend=backend)
