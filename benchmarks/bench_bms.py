@@ -15,6 +15,10 @@ the same size:
   (vs 8 single HVPs), and the XLA reference.
 * ``joint_diagonal`` and ``joint_dense``: kernel vs XLA reference.
 
+* ``params`` (opt in: ``GPUSTAT_BMS_CASES=params``): model parameters -> row Hessians,
+  one jitted function (Stage 0 on the device, Stage 1, Stage 2) at ``PARAMS_ROWS`` rows
+  with p_h = 4, p_w = 3, after checking its intercepts against the host builder.
+
 Order: the joint operators first (on the Stage-2 reference's Hessians), then Stage 1,
 then Stage 2. Kernel block settings are swept per case; a setting that fails to compile
 or to match is printed and skipped, and the fastest one is recorded.
@@ -44,6 +48,7 @@ REFERENCE_CHUNKS = 4
 # (8, 4) 10.2, (4, 8) 13.1, (8, 8) 17.7; at 69cc513: (4, 2) 8.25, (4, 1) 8.34, (8, 2) 9.23,
 # (4, 4) 9.54.
 STAGE2_CONFIGS = [(4, 2), (4, 1), (8, 2), (4, 4)]
+PARAMS_ROWS = 4000
 # which parts run: GPUSTAT_BMS_CASES=stage2 times Stage 2 alone
 CASES = os.environ.get("GPUSTAT_BMS_CASES", "joint,stage1,stage2").split(",")
 
@@ -123,8 +128,39 @@ def _row_scale(values):
     return np.asarray(jnp.nanmax(flat, axis=1)).reshape((-1,) + (1,) * (values.ndim - 1))
 
 
+def run_params(rec: Recorder) -> None:
+    """Parameters -> (neglog, g, H) of PARAMS_ROWS rows in one compiled function."""
+    from gpustat.bms._rows import build_row_arrays
+
+    rng = np.random.default_rng(0)
+    n = PARAMS_ROWS
+    score = bms.flat_cubic_basis(np.linspace(-2.5, 2.5, 6))      # p_h = 4
+    link = bms.flat_cubic_basis(np.linspace(-3.0, 3.0, 5))       # p_w = 3
+    z_obs, y, w = rng.normal(size=n), rng.integers(0, 2, n).astype(float), 0.5 + rng.random(n)
+    params = (rng.normal(size=n) * 0.8, 0.5 + rng.random(n), rng.normal(size=4) * 0.3,
+              rng.normal(size=3) * 0.2)
+
+    @jax.jit
+    def derivatives(q, b, beta_h, beta_w):
+        rows = bms.build_rows(q, b, beta_h, beta_w, score, link, z_obs, y, w, 0.9)
+        return rows.a, bms.row_derivatives(rows)
+
+    a, out = derivatives(*params)
+    host_a = build_row_arrays(*(v[:64] for v in params[:2]), *params[2:], score, link,
+                              z_obs[:64], y[:64], w[:64], 0.9)["a"]
+    check_close("params intercepts", a[:64], host_a, rtol=1e-12)
+    assert np.all(np.asarray(out.status) == 0)
+    timing = time_fn(derivatives, [params], warmup=1, calls_per_repeat=1)
+    rec.record("params_to_row_hessians", shape=(n, 9), dtype="float64", backend="auto",
+               timing=timing, items=n, item_name="rows")
+
+
 def run(quick: bool, out) -> None:
     rec = Recorder("bms", out)
+    if "params" in CASES:
+        run_params(rec)
+        if CASES == ["params"]:
+            return
     copy_gbs = rec.measure_copy()
     rng = np.random.default_rng(0)
     rows = _tile_rows(_seed_rows(rng), N_ROWS)

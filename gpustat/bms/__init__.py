@@ -1,9 +1,13 @@
 """Bernoulli marginal-slope (BMS) FLEX rows: from model parameters to row and joint derivatives.
 
 The public ops are in :mod:`gpustat.bms._ops`, the Stage-0 row builder in
-:mod:`gpustat.bms._rows`.
+:mod:`gpustat.bms._stage0` (its numpy twin, the test oracle, in :mod:`gpustat.bms._rows`),
+the Newton driver in :mod:`gpustat.bms._fit`.
 """
 
+from gpustat.bms._fit import FitResult as FitResult
+from gpustat.bms._fit import FitStatus as FitStatus
+from gpustat.bms._fit import fit as fit
 from gpustat.bms._ops import BmsRows as BmsRows
 from gpustat.bms._ops import CellStatus as CellStatus
 from gpustat.bms._ops import JointOperator as JointOperator
@@ -21,11 +25,14 @@ from gpustat.bms._ops import row_derivatives as row_derivatives
 __all__ = [
     "BmsRows",
     "CellStatus",
+    "FitResult",
+    "FitStatus",
     "JointOperator",
     "RowDerivatives",
     "RowStatus",
     "build_rows",
     "cell_moments",
+    "fit",
     "flat_cubic_basis",
     "joint_dense",
     "joint_diagonal",

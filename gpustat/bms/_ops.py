@@ -15,7 +15,7 @@ and Hessian include the implicit dependence of a on θ.
 Pipeline (``specs/bms_flex.md``, after the Rust crate ``SauersML/gam``,
 ``families/bernoulli_marginal_slope.rs`` and its ``gpu/cubic_cell`` kernels):
 
-* :func:`build_rows` (Stage 0, host): calibrates a, cuts the z-line into cells where η
+* :func:`build_rows` (Stage 0, jnp, traceable): calibrates a, cuts the z-line into cells where η
   is a cubic, builds the coefficient jets and observed-point quantities, then runs
   Stage 1. Returns a :class:`BmsRows` pytree.
 * :func:`cell_moments` (Stage 1): m_k = ∫ z^k exp(-(z² + η²)/2) dz per cell.
@@ -45,7 +45,8 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from gpustat._backend import resolve_backend
 from gpustat._checks import check_float64_enabled, is_int
-from gpustat.bms._rows import BmsRows, build_row_arrays, flat_cubic_basis
+from gpustat.bms._rows import BmsRows, flat_cubic_basis
+from gpustat.bms._stage0 import basis_table, build_row_fields
 from gpustat.pallas import bms as kernels
 from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference import bms as reference
@@ -121,13 +122,18 @@ def _check_basis(name, basis, beta_name, beta):
     if basis.extrapolate != "clamp":
         raise ValueError(f"{name} must be constant beyond its breakpoints "
                          f"(extrapolate='clamp'), got {name}.extrapolate={basis.extrapolate!r}")
-    beta = np.asarray(beta, dtype=np.float64)
+    beta = _float64(beta)
     if beta.shape != basis.trailing_shape:
         raise ValueError(f"{beta_name} must have shape {basis.trailing_shape} (one coefficient "
                          f"per basis function of {name}), got {beta_name}.shape={beta.shape}")
-    if not np.all(np.isfinite(beta)):
+    if _is_concrete(beta) and not np.all(np.isfinite(beta)):
         raise ValueError(f"{beta_name} must be finite")
     return beta
+
+
+def _float64(x):
+    """x as float64: a numpy array when concrete, a jax array when traced."""
+    return np.asarray(x, dtype=np.float64) if _is_concrete(x) else jnp.asarray(x, jnp.float64)
 
 
 def _check_s_f(s_f):
@@ -143,10 +149,17 @@ def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
                z_obs: Float[ArrayLike, " n"],
                y: Float[ArrayLike, " n"], w: Float[ArrayLike, " n"], s_f: float = 1.0, *,
                order: int = reference.DEFAULT_ORDER, backend: str = "auto") -> BmsRows:
-    """Stage 0 (host) + Stage 1: the cells, jets and moments of n rows.
+    """Stage 0 + Stage 1: the cells, jets and moments of n rows, traceable in the parameters.
 
-    Runs on the host in float64 numpy (not under ``jax.jit``; inputs must be concrete),
-    then computes the cell moments with :func:`cell_moments` on ``backend``.
+    Stage 0 (:mod:`gpustat.bms._stage0`) is ``jax.numpy`` vmapped over rows: a
+    ``lax.while_loop`` Newton calibration of the intercept per row, a fixed number of
+    cell slots per row (k = #score knots + #link knots + 3; padding cells are [-1, 1]
+    with η = 0 and zero jets, so they add exactly 0 in Stage 2) and the coefficient jets.
+    It runs under ``jax.jit``, ``jax.grad`` and ``jax.jvp`` with traced q, b, beta_h,
+    beta_w, z_obs, y, w and s_f (the implicit derivative of the intercept), so
+    parameters -> :func:`row_derivatives` is one compiled function. The bases are model
+    structure and must be concrete. Value checks (finiteness, y, w, s_f) run only on
+    concrete inputs.
 
     Args:
         q: (n,) marginal probit index per row.
@@ -164,19 +177,18 @@ def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
         backend: for Stage 1, see :func:`cell_moments`.
 
     Returns:
-        :class:`BmsRows` with float64 jax arrays. Bases must be C¹ (including their
-        constant continuation) for the Stage-2 derivatives to be exact; see
-        :func:`flat_cubic_basis`.
+        :class:`BmsRows` with float64 jax arrays, n k cells (row i owns slots
+        ``[k i, k (i + 1))``). A row whose calibration fails has a = NaN and NaN cell
+        coefficients (Stage-1 status 3, Stage-2 row status 3). Bases must be C¹
+        (including their constant continuation) for the Stage-2 derivatives to be exact;
+        see :func:`flat_cubic_basis`.
 
     Raises:
         ValueError: shape mismatch, degree > 3, non-clamped basis, s_f <= 0, y not in
             {0, 1}, w <= 0, non-finite inputs.
-        TypeError: traced inputs, a basis that is not a PiecewisePolynomial, or
-            ``jax_enable_x64`` off (the rows are float64).
+        TypeError: a basis that is not a PiecewisePolynomial, or ``jax_enable_x64`` off
+            (the rows are float64).
     """
-    if not _is_concrete(q, b, beta_h, beta_w, z_obs, y, w, s_f):
-        raise TypeError("build_rows runs on the host: q, b, beta_h, beta_w, z_obs, y, w, s_f "
-                        "must be concrete arrays, not tracers inside jax.jit")
     if not jax.config.jax_enable_x64:
         raise TypeError("build_rows returns float64 rows but jax_enable_x64 is off (JAX would "
                         "round them to float32): call jax.config.update('jax_enable_x64', True) "
@@ -184,29 +196,38 @@ def build_rows(q: Float[ArrayLike, " n"], b: Float[ArrayLike, " n"],
     _check_s_f(s_f)
     beta_h = _check_basis("score_basis", score_basis, "beta_h", beta_h)
     beta_w = _check_basis("link_basis", link_basis, "beta_w", beta_w)
-    arrays = {name: np.asarray(v, dtype=np.float64)
-              for name, v in (("q", q), ("b", b), ("z_obs", z_obs), ("y", y), ("w", w))}
-    n = arrays["q"].shape
-    for name, v in arrays.items():
-        if v.ndim != 1 or v.shape != n:
-            raise ValueError(f"{name} must have shape (n,) = {n} like q, got "
-                             f"{name}.shape={v.shape}")
-        if not np.all(np.isfinite(v)):
-            raise ValueError(f"{name} must be finite")
-    if not np.all((arrays["y"] == 0) | (arrays["y"] == 1)):
-        raise ValueError("y must hold only 0 and 1")
-    if not np.all(arrays["w"] > 0):
-        raise ValueError(f"w must be > 0, got min(w)={arrays['w'].min()!r}")
+    arrays = _check_row_inputs(q=q, b=b, z_obs=z_obs, y=y, w=w)
     if not is_int(order) or not 9 <= order <= MAX_ORDER:
         raise ValueError(f"order must be an integer in [9, {MAX_ORDER}] for Stage 2, got "
                          f"{order=!r}")
-    fields = build_row_arrays(arrays["q"], arrays["b"], beta_h, beta_w, score_basis, link_basis,
-                              arrays["z_obs"], arrays["y"], arrays["w"], s_f)
-    p_h, p_w = fields.pop("p_h"), fields.pop("p_w")
-    fields = {k: jnp.asarray(v) for k, v in fields.items()}
+    fields, _, _ = _device_fields(basis_table(score_basis), basis_table(link_basis), beta_h,
+                                  beta_w, arrays["q"], arrays["b"], arrays["z_obs"],
+                                  arrays["y"], arrays["w"], _float64(s_f))
     moments, status = cell_moments(fields["cell_lo"], fields["cell_hi"], fields["cell_c"],
                                    order=order, backend=backend)
-    return BmsRows(**fields, cell_moments=moments, cell_status=status, p_h=p_h, p_w=p_w)
+    return BmsRows(**fields, cell_moments=moments, cell_status=status, p_h=beta_h.shape[0],
+                   p_w=beta_w.shape[0])
+
+
+_device_fields = jax.jit(build_row_fields)
+
+
+def _check_row_inputs(**rows):
+    """The (n,) row arrays as float64, shapes checked; values checked where concrete."""
+    arrays = {name: _float64(v) for name, v in rows.items()}
+    first, n = next(iter(arrays)), next(iter(arrays.values())).shape
+    for name, v in arrays.items():
+        if v.ndim != 1 or v.shape != n:
+            raise ValueError(f"{name} must have shape (n,) = {n} like {first}, got "
+                             f"{name}.shape={v.shape}")
+        if _is_concrete(v) and not np.all(np.isfinite(v)):
+            raise ValueError(f"{name} must be finite")
+    if "y" in arrays and _is_concrete(arrays["y"]):
+        if not np.all((arrays["y"] == 0) | (arrays["y"] == 1)):
+            raise ValueError("y must hold only 0 and 1")
+    if "w" in arrays and _is_concrete(arrays["w"]) and not np.all(arrays["w"] > 0):
+        raise ValueError(f"w must be > 0, got min(w)={arrays['w'].min()!r}")
+    return arrays
 
 
 def cell_moments(lo: Float[ArrayLike, " c"], hi: Float[ArrayLike, " c"],
@@ -500,3 +521,4 @@ class JointOperator:
     def dense(self) -> Float[Array, "p_total p_total"]:
         """The dense joint Hessian."""
         return joint_dense(self.hess, self.x, self.g, backend=self.backend)
+
