@@ -6,9 +6,10 @@ import math
 import numbers
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_float64_enabled", "check_int", "check_real", "is_int"]
+__all__ = ["as_array", "check_float64_enabled", "check_int", "check_real", "is_int"]
 
 
 def is_int(value) -> bool:
@@ -45,3 +46,21 @@ def check_float64_enabled(name: str, x) -> None:
     if getattr(x, "dtype", None) == np.float64 and not jax.config.jax_enable_x64:
         raise TypeError(f"{name} is float64 but jax_enable_x64 is off: call "
                         f"jax.config.update('jax_enable_x64', True) first, or pass float32")
+
+
+def as_array(value, name: str, *, op: str = "") -> jax.Array:
+    """``value`` as a JAX array; ``TypeError`` naming ``name`` for object, string, bytes or
+    structured data, which ``jnp.asarray`` would reject with an error about tracing (or
+    accept element by element). ``op`` prefixes the message with the public function."""
+    where = f"{op}: " if op else ""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(value).dtype
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{where}{name} must be an array of numbers, got "
+                            f"{type(value).__name__}") from err
+    if np.dtype(dtype).kind in "OSUVM":
+        raise TypeError(f"{where}{name} must be an array of numbers, got "
+                        f"{name}.dtype={np.dtype(dtype)}")
+    return value if isinstance(value, jax.Array) else jnp.asarray(value)

@@ -29,7 +29,7 @@ from jaxtyping import Array, Float, Int
 
 from gpustat._arrays import compute_dtype
 from gpustat._backend import border_shape_class, resolve_backend
-from gpustat._checks import check_float64_enabled, check_int
+from gpustat._checks import as_array, check_float64_enabled, check_int
 from gpustat.reference.border import (
     MAX_BORDER,
     STATUS_NONFINITE,
@@ -60,7 +60,7 @@ _INDEX_LIMIT = 2**31 - 2  # kernels index packed arrays (plus one spare slot) in
 
 def _check_real(name: str, x) -> jax.Array:
     check_float64_enabled(name, x)
-    x = jnp.asarray(x)
+    x = as_array(x, name)
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or x.dtype == jnp.bool_:
         raise TypeError(f"{name} must be a real floating (or integer) array, got {x.dtype=}")
     if not jnp.issubdtype(x.dtype, jnp.floating):

@@ -44,6 +44,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from gpustat._backend import factorization_shape_class, resolve_backend
+from gpustat._checks import as_array
 from gpustat.csr import CSR, check_field_ids, dense_as_csr
 from gpustat.factorization._vjp import scores_with_vjp
 from gpustat.pallas import factorization as kernels
@@ -120,7 +121,7 @@ def _as_rows(op: str, X) -> CSR:
             return CSR.from_scipy(X)
     except ImportError:  # pragma: no cover - scipy is a dependency
         pass
-    x = X if isinstance(X, jax.Array) else jnp.asarray(X)
+    x = as_array(X, "X", op=op)
     if x.ndim != 2:
         raise ValueError(f"{op}: X must be a CSR or a 2-D (n, p) array, got {x.shape=}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -132,15 +133,15 @@ def _as_rows(op: str, X) -> CSR:
 
 def _check_params(op: str, model: str, p: int, field_ids, w0, w, V, R):
     """Shapes/dtypes of the parameters; returns (params as arrays, n_classes or None)."""
-    w = jnp.asarray(w)
+    w = as_array(w, "w", op=op)
     if w.ndim not in (1, 2):
         raise ValueError(f"{op}: w must be (p,) or, multiclass, (c, p), got {w.shape=}")
     classes = w.shape[:-1]
     if classes == (0,):
         raise ValueError(f"{op}: w must have at least one class, got {w.shape=}")
-    w0 = jnp.asarray(w0)
-    V = jnp.asarray(V)
-    R = None if R is None else jnp.asarray(R)
+    w0 = as_array(w0, "w0", op=op)
+    V = as_array(V, "V", op=op)
+    R = None if R is None else as_array(R, "R", op=op)
     v_tail = "p, f, k" if model == "ffm" else "p, k"
     v_ndim = len(classes) + (3 if model == "ffm" else 2)
     lead = f"{classes[0]}, " if classes else ""

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpustat._checks import as_array
 from gpustat.reference.mixture import COVARIANCE_TYPES, MixtureParams
 
 __all__ = ["PRECISION_CHOICES", "check_data", "check_labels", "check_params", "check_precision",
@@ -28,7 +29,7 @@ def is_concrete(x) -> bool:
 
 def check_data(X, name: str = "X") -> jax.Array:
     """X as a (n, p) float array (16-bit -> float32); finite when concrete."""
-    X = jnp.asarray(X)
+    X = as_array(X, name)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n, p), got {name}.shape={X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):

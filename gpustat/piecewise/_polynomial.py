@@ -28,7 +28,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from gpustat._backend import piecewise_shape_class, resolve_backend
-from gpustat._checks import is_int
+from gpustat._checks import as_array, is_int
 from gpustat.reference import piecewise as ref
 
 __all__ = [
@@ -134,8 +134,8 @@ class PiecewisePolynomial:
     def __init__(self, breakpoints: Float[ArrayLike, " P1"], coeffs: Float[ArrayLike, "D1 P *t"],
                  extrapolate: str | bool | None = "extend", *, static_breakpoints: bool = False):
         extrapolate = _check_extrapolate(extrapolate)
-        coeffs = jnp.asarray(coeffs)
-        breakpoints = jnp.asarray(breakpoints)
+        coeffs = as_array(coeffs, "coeffs")
+        breakpoints = as_array(breakpoints, "breakpoints")
         for name, arr in (("coeffs", coeffs), ("breakpoints", breakpoints)):
             if not jnp.issubdtype(arr.dtype, jnp.floating):
                 raise TypeError(f"{name} must be a floating array, got {name}.dtype={arr.dtype}")
@@ -531,7 +531,7 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     if not isinstance(pp, PiecewisePolynomial):
         raise TypeError(f"pp must be a PiecewisePolynomial, got {type(pp).__name__}")
     _check_order(nu, "nu")
-    x = jnp.asarray(x)
+    x = as_array(x, "x")
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         raise TypeError(f"x must be real, got {x.dtype=}")
     cdt = _compute_dtype(x.dtype, pp.dtype)
