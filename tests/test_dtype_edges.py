@@ -50,5 +50,5 @@ def test_bad_dtypes_name_the_argument(name, bad):
                          ids=["GaussianMixture", "FMRegressor"])
 @pytest.mark.parametrize("bad", [OBJECT, STRINGS, COMPLEX], ids=["object", "str", "complex"])
 def test_estimators_refuse_non_numeric_X_as_scikit_learn_does(estimator, bad):
-    with pytest.raises(ValueError, match="float|numeric|Complex"):
+    with pytest.raises(ValueError, match=r"float|numeric|Complex"):
         estimator.fit(bad, np.ones(2))
