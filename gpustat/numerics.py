@@ -22,8 +22,8 @@ Where the spec restricts ``erfcx`` to x >= 0 (NaN below), gpustat follows
 scipy's full-line ``erfcx`` (finite down to about -26.6, then +inf).
 
 Every function takes ``backend="auto" | "pallas" | "reference" | "interpret"``
-(see :mod:`gpustat._backend`; "auto" runs XLA's fusion of the reference, which
-the H200 benchmarks show as fast as the standalone elementwise kernel), works
+(see :mod:`gpustat._backend`; "auto" runs XLA's fusion of the reference, as fast
+as the standalone elementwise kernel in ``benchmarks/bench_numerics.py``), works
 under ``jax.jit``/``jax.vmap``, and has an
 exact ``custom_jvp`` (the derivative formulas below, not derivatives of the
 rational approximations).

@@ -934,7 +934,8 @@ class FMClassifier(_ClassifierMixin, _FactorizationMachine):
             the dtype of parameters, optimizer state and training arithmetic;
             values of X, y or sample_weight beyond its range raise ValueError.
         backend: "auto", "pallas", "interpret" or "reference": how the sparse
-            batch gradient is summed ("auto": XLA's scatter-add, measured faster).
+            batch gradient is summed ("auto": XLA's scatter-add, which ties the
+            kernel at CTR shapes).
 
     Attributes:
         w0_: bias (float; (C,) for C > 2 classes).

@@ -488,7 +488,7 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     """
     n_pad = data.idx.shape[0]
     # a batch larger than the data is one batch of every row (B = n either way): without
-    # the clip each step scored batch_size padding rows (65536 for 1000 rows: 70x the time)
+    # the clip each step would score batch_size padding rows (65536 for 1000 rows)
     bsz = min(cfg.batch_size, n_pad)
     n = len(orders[0])
     n_batches = -(-n // bsz)

@@ -104,7 +104,7 @@ def _finite_flags_program(arrays: tuple) -> jax.Array:
 
 def _finite_flags(arrays: tuple) -> np.ndarray:
     """Whether each concrete array is all finite, reduced where the arrays live (one program,
-    one sync): a host copy of ``V`` for this check took 32x the FM kernel's time (H100).
+    one sync): a host copy of ``V`` for this check would cost many times the FM kernel.
     Evaluated now even when called while an enclosing ``jax.jit`` traces."""
     with jax.ensure_compile_time_eval():
         return jax.device_get(_finite_flags_program(arrays))

@@ -333,12 +333,9 @@ def row_derivatives(cell_offsets, cell_c, cell_moments, cell_status, cell_jet, c
                     interpret: bool = False, block_cells: int = 4, num_warps: int | None = None):
     """Kernel twin of :func:`gpustat.reference.bms.row_derivatives` (one row per program).
 
-    Defaults: the fastest of the configurations swept on an H100 at n = 195k, r = 20,
-    23 cells per row (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl), in both runs:
-    7.79 ms (07c5f51; 4 warps 8.75, block_cells = 8 10.2) and 8.25 ms (69cc513; 1 warp
-    8.34, block_cells = 8 with 2 warps 9.23): 2 warps. For r > 32 (64-row tiles, not
-    timed) 4 warps: 0.4 KB of register spills in an offline sm_90 compile against 1.8 KB
-    at 2 warps.
+    Defaults: ``block_cells = 4`` at 2 warps, the fastest of the configurations swept by
+    ``benchmarks/bench_bms.py`` (Stage 2, n = 195k, r = 20, about 23 cells per row). For
+    r > 32 (64-row tiles) 4 warps, which spill fewer registers than 2 in an sm_90 compile.
 
     Two per-item passes run in XLA around the kernel, each a few bytes per cell or row:
     the Hankel entries T_0..T_6 of every cell, and the probit factors of every row
@@ -473,8 +470,8 @@ def joint_hvp(hess, x, g, v, *, interpret: bool = False, block_rows: int = 16,
 
     Up to :data:`MAX_RHS` directions share one pass over the row Hessians (a launch
     always carries :data:`MAX_RHS`, zero-padded); more run in consecutive launches.
-    Defaults: the fastest of the configurations swept on an H100 (132 SMs) at n = 195k,
-    r = 20 (benchmarks/results/nvidia-h100-80gb-hbm3/bms.jsonl): 0.344 ms = 71% of copy.
+    Defaults: the fastest of the configurations swept by ``benchmarks/bench_bms.py`` (joint
+    HVP, n = 195k, r = 20); 528 programs are four per SM of a 132-SM GPU.
     """
     if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
         hess, x, g = (nonempty(a) for a in (hess, x, g))
@@ -606,7 +603,8 @@ def joint_dense(hess, x, g, *, interpret: bool = False, block_rows: int = 16, nu
                 target_programs: int = 1024):
     """Kernel twin of :func:`gpustat.reference.bms.joint_dense`: (p_total, p_total).
 
-    Defaults: the fastest configuration of the H100 sweep at n = 195k, r = 20 (0.42 ms).
+    Defaults: the fastest of the configurations swept by ``benchmarks/bench_bms.py`` (dense
+    block, n = 195k, r = 20).
     """
     if hess.shape[0] == 0:  # no rows: one zero row (masked loads aim at row 0) adds nothing
         hess, x, g = (nonempty(a) for a in (hess, x, g))

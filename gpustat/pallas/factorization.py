@@ -18,8 +18,8 @@ reads their nonzeros straight from ``X.indices``/``X.data`` through
   ``i`` and its parameter vectors are gathered from global memory (L1/L2 serve
   the repeats). Each factor is multiplied by its value before the dot
   (``<V x_i, V x_j>``), so no intermediate under- or overflows on the way to a
-  representable pair term. Selecting element ``i`` out of the register chunk instead (a
-  masked cross-thread reduction) was measured 1.3-2.5x slower on an H200.
+  representable pair term. Element ``i`` is reloaded rather than selected out of the
+  register chunk: that selection is a masked cross-thread reduction, and slower.
 
 FwFM on a CSR carrying a field-slot table (:meth:`CSR.with_field_slots`, rows
 with at most one nonzero per field) takes a per-field kernel instead: with
@@ -68,8 +68,8 @@ def kernel_settings(model: str, width: int, k: int) -> dict:
 
     The register tile is ``block_rows x block_w x next_pow2(k)``; it is held near
     4096 elements (32 per thread at 4 warps) for FM and FwFM, and 1024 for FFM,
-    whose pair loop gathers two such tiles per step (measured on an H200 at
-    width 32: FM best at 8 rows, FwFM at 16, FFM at 2-4).
+    whose pair loop gathers two such tiles per step: the budgets that give each
+    model its fastest tile in the row-bucket sweep of ``benchmarks/bench_factorization.py``.
     """
     kp = next_pow2(k)
     block_w = min(width, 32)
@@ -231,10 +231,10 @@ def slot_kernel_settings(n_fields: int, k: int) -> dict:
     """Default ``block_rows``, ``num_warps`` of the field-slot FwFM kernel.
 
     The tile is ``fp x block_rows x next_pow2(k)`` (``fp`` the padded field
-    count); it is held at 16384 elements, the best of the H100 sweep at
-    24 fields and k = 8 (``block_rows = 64``: 1.38 ms, against 1.5-2.2 ms for
-    8-32 rows or 8 warps; benchmarks/results/nvidia-h100-80gb-hbm3/factorization.jsonl,
-    commit c7ea0c2). ``block_rows * next_pow2(k)``, the dot's N, stays >= 16.
+    count); it is held at 16384 elements (``block_rows = 64`` at 4 warps for 24
+    fields and k = 8), among the fastest settings of the field-slot sweep of
+    ``benchmarks/bench_factorization.py``. ``block_rows * next_pow2(k)``, the dot's N,
+    stays >= 16.
     """
     kp = next_pow2(k)
     fp = _padded_fields(n_fields)

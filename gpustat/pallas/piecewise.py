@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 # Default (block_n, num_warps, chunks, num_stages) by (x itemsize, uniform): the
-# fastest of the sweep in benchmarks/results/nvidia-h100-80gb-hbm3/piecewise.jsonl
-# (P = 256, D = 3, N = 2^26 on an H100; neighbouring settings were within ~10%).
+# fastest of the launch sweep of benchmarks/bench_piecewise.py (P = 256, D = 3,
+# N = 2^26); neighbouring settings are close, so these are not sharp optima.
 _DEFAULT_CONFIG = {
     (4, False): (512, 4, 8, 2),
     (4, True): (1024, 4, 4, 1),

@@ -29,19 +29,18 @@ Two kernels differ in where the tables are read from:
   goes through shared memory: a warp's random lookups cost a few bank conflicts
   instead of one L1 wavefront per distinct 128-byte line. float32 columns (and
   the guide's (below, split) pairs) travel as 64-bit words; float64 columns as two
-  interleaved copies (:func:`_copy_slot`, measured faster). A program walks
-  ``chunks`` blocks, prefetching the next block's x;
+  interleaved copies (:func:`_copy_slot`, faster: see ``_FLOAT64_COPIES_MAX_PIECES``).
+  A program walks ``chunks`` blocks, prefetching the next block's x;
 * the caches (trailing polynomials): gathers from global memory through L1; on
   a uniform grid the breakpoints ride in the coefficient row
   (:func:`uniform_rows`), so a point costs one gather. Polynomials on shared
   breakpoints (trailing axes ``t``) reuse the index: the kernel loops over them,
   gathering one W-wide row per point and polynomial, and writes ``y[i, t]``.
 
-Measured on an H100 (``docs/piecewise.md``): a plain Triton copy kernel reaches
-the copy bandwidth, and this kernel's time is the same for bfloat16, float32,
-guided and searched lookups (~0.27 ms for 2^26 points), so it is bound by the
-random shared-memory lookups (about 20 bank-conflicted wavefronts per warp and
-point block of 32), not by HBM or by instruction count.
+The shared-memory kernel is bound by its random shared-memory lookups (bank-conflicted
+wavefronts), not by HBM or by instruction count: a plain Triton copy kernel reaches the
+copy bandwidth, and this kernel takes the same time for bfloat16, float32, guided and
+searched lookups (``benchmarks/results/*/probes/piecewise_history.md``).
 Horner runs in the table's dtype (float32 for 16-bit x) with a restart on a zero
 accumulator (no 0 * inf at +-inf), exactly as the reference.
 """
@@ -66,12 +65,9 @@ __all__ = ["COMPILE_CASES", "default_launch", "ppoly_eval_triton",
 # x above this many points streams from HBM: the launch tables switch settings
 _STREAMING_POINTS = 1 << 22
 
-# Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points).
-# Shared-memory kernel: the H100 sweeps in
-# benchmarks/results/nvidia-h100-80gb-hbm3/triton.jsonl (P = 256, D = 3; run-to-run
-# spread 10-20%). Streaming (2^26 points, guided lookup; commit b638935): float32 0.272
-# ms searched, 0.274 uniform; float64 0.571 / 0.473 (0.539 / 0.464 in a probe of the
-# same code). 2e6 points: 0.0386 ms searched at commit 0eca8aa, 0.058 at b638935.
+# Default (block_n, num_warps, chunks) by (table itemsize, streaming: n > 2^22 points)
+# of the shared-memory kernel, chosen from the launch sweeps of
+# benchmarks/bench_triton.py (P = 256, D = 3; 2^26 points streaming, 2e6 not).
 _STAGED_LAUNCH = {
     (4, True): (4096, 8, 1),
     (4, False): (2048, 8, 8),
@@ -80,31 +76,27 @@ _STAGED_LAUNCH = {
 }
 # Streaming float32 with the guided lookup: several blocks a program, so its tables are
 # read from L2 once per program (held in registers across the blocks) instead of once
-# per 4096 points; by guide size. H100 A/B (1c6f906, 5 interleaved rounds, P = 256,
-# 2^26 points): a 1024-bucket guide (graded grid, 13 KiB of tables) 0.2474 ms at
-# 2048 x 4 warps x 8 blocks against 0.2571 for (4096, 8, 1), faster in every round
-# (2048 x 8 x 4: 0.2523); a 256-bucket guide (uniform grid) 0.2484 ms at 2048 x 8 x 4
-# against 0.2655 (2048 x 4 x 8: 0.2820). float64 keeps one block (2048 x 4 x 8: 0.542
-# vs 0.462 ms in a probe of fed9ac9).
+# per 4096 points; by guide size: a guide of over 256 buckets (a graded grid) at
+# 2048 x 4 warps x 8 blocks, one of 256 (a uniform grid) at 2048 x 8 x 4, each the
+# fastest in interleaved timings at P = 256, 2^26 points. float64 keeps one block a
+# program, which is faster there.
 _GUIDED_FLOAT32_STREAMING_LAUNCH = {True: (2048, 4, 8), False: (2048, 8, 4)}  # > 256 buckets?
 _SMALL_GUIDE_BUCKETS = 256
-# Streaming guided lookup with side_rows (float32: no knot lookup). H100 A/B, 9
-# interleaved rounds, 2^26 points, P = 256 (probes/piecewise_side_rows_230a6d8.md):
-# graded grid 0.2314 ms at 2048 x 8 warps x 8 blocks (2048 x 8 x 4: 0.2319; 2048 x 4 x
-# 8: 0.2625) against 0.2486 ms for the knot lookup at its launch above; uniform grid
-# 0.2137 against 0.2199 ms.
+# Streaming guided lookup with side_rows (float32: no knot lookup): 2048 x 8 warps x 8
+# blocks, the fastest in interleaved timings at P = 256, 2^26 points, and faster than
+# the knot lookup at its launch above on graded and uniform grids
+# (benchmarks/results/*/probes/piecewise_side_rows_*.md).
 _SIDE_ROWS_STREAMING_LAUNCH = (2048, 8, 8)
 # Cached-table kernel (trailing polynomials): 16 points a thread in float32, 8 in
-# float64, 4 warps (the H200 sweep of commit 7c9e2bc).
+# float64, 4 warps (the fastest of the launch sweep of benchmarks/bench_triton.py).
 _CACHE_LAUNCH = {4: (2048, 4, 1), 8: (1024, 4, 1)}
 # float64 coefficient columns are staged as two interleaved copies (_copy_slot) up to
-# this many pieces: H100 A/B, P = 256 graded, 2^26 points, median of 9 rounds 0.516 vs
-# 0.547 ms (another run 0.487 vs 0.520); four copies took 0.94 ms (their registers),
-# and float32's paired 8-byte words gained nothing from 2, 4 or 8 copies. Nsight
-# Compute counts the same shared-load wavefronts with and without the copies (73.4 M),
-# and fewer barrier and scoreboard stalls with them: the gain is in how the lookups are
-# scheduled, not fewer bank conflicts (a half-warp's worst bank stays as loaded until
-# 8-16 copies, whose staging and registers cost more; docs/piecewise.md).
+# this many pieces: faster than one copy at P = 256 (graded, 2^26 points); four copies
+# cost more in registers than they save, and float32's paired 8-byte words gain nothing
+# from copies. The shared-load wavefronts are the same with and without the copies, the
+# barrier and scoreboard stalls fewer: the gain is in how the lookups are scheduled, not
+# fewer bank conflicts (a half-warp's worst bank stays as loaded until 8-16 copies, whose
+# staging and registers cost more; benchmarks/results/*/probes/piecewise_history.md).
 _FLOAT64_COPIES_MAX_PIECES = 256
 # Largest P the shared-memory kernel stages (see staging_supported).
 _STAGED_MAX_PIECES = 1024
