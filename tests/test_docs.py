@@ -59,14 +59,19 @@ def test_fenced_python_blocks_are_all_found():
         assert all(f.strip() in ("```python", "```python gpu") for f in fences), fences
 
 
-def test_no_commit_hashes_in_user_docs():
-    """README.md and docs/ state rules, not run history (benchmarks.md is generated)."""
-    hashes = re.compile(r"\b[0-9a-f]{7,40}\b")
-    for page in PAGES:
-        if page.name == "benchmarks.md":
-            continue
-        found = hashes.findall(page.read_text())
-        assert not found, f"{page.name} names commits {found}"
+# a commit hash: 7-40 hex digits with at least one letter and one digit (not 1000000000000)
+# (a float literal's mantissa digits such as 8.5777706184603153e-01 are not one)
+COMMIT = re.compile(r"(?<![.\w])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![-+.\w])")
+
+
+def test_no_commit_hashes_in_user_docs_or_code():
+    """README.md, docs/ and the package state rules, not run history (benchmarks.md is
+    generated from the results)."""
+    sources = [p for p in PAGES if p.name != "benchmarks.md"]
+    sources += sorted((ROOT / "gpustat").rglob("*.py"))
+    for source in sources:
+        found = COMMIT.findall(source.read_text())
+        assert not found, f"{source.relative_to(ROOT)} names commits {found}"
 
 
 @pytest.mark.parametrize("name", sorted(gpustat.__all__))

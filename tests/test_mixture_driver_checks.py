@@ -162,7 +162,7 @@ def test_estimator_passes_scikit_learns_checks():
 def test_gibbs_seeding_and_chains_draw_from_separate_keys(data, monkeypatch):
     """The k-means++ seeding split ``key`` into one key per restart, the very keys the
     chains then ran on: each chain's start and sweeps came from one stream."""
-    from gpustat import mixture_gibbs
+    from gpustat.mixture import _gibbs as mixture_gibbs
 
     seen = []
 

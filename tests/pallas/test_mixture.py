@@ -170,10 +170,9 @@ def test_kernel_settings_are_checked():
         kernels.suff_stats(X, params, interpret=True, stats_blocks=dict(moments="cubic"))
     with pytest.raises(ValueError, match="num_stages"):
         kernels.log_prob(X, params, interpret=True, num_stages=0)
+    # precision is checked once, at the public boundary (the kernels trust it)
     with pytest.raises(ValueError, match="precision"):
-        kernels.log_prob(X, params, interpret=True, precision="tf32")
-    with pytest.raises(ValueError, match="precision"):
-        kernels.default_blocks(np.float32, "tf32")
+        mixture.log_prob(X, params, backend="interpret", precision="tf32")
     with pytest.raises(ValueError, match="block_k"):
         kernels.sample_labels(jax.random.key(0), X, params, interpret=True,
                               density_blocks=dict(block_k=16), stats_blocks=dict(block_k=8))
