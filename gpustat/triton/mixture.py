@@ -54,7 +54,7 @@ ROWS_PER_CHUNK = 1 << 20
 _BLOCK_M = 128  # density rows per program (= the responsibilities' scaling block)
 _BLOCK_F = 32  # features per k-step (both kernels)
 _STATS_ROWS = 64  # rows per statistics k-step
-_STATS_SPLITS = 132  # row ranges of the statistics grid (one an SM on an H100)
+_STATS_SPLITS = 132  # row ranges of the statistics grid: one per SM of a 132-SM GPU
 _SPLIT_EXP = 14  # operands scaled to |v| <= 2^14: float16 hi and lo stay normal
 _MIN_EXP = -100.0  # responsibilities below 2^-100 of a whole block count as zero
 
