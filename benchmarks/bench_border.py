@@ -225,6 +225,15 @@ DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20}
 CHARTER = (5000, 16, 6)
 CHARTER_RIDGE = 1e-9
 CHARTER_DENSE_ROWS = 500
+# Chunk rows x warps of the looped row factorisation (d > 8), swept on the d = 16 and 32
+# classes and the charter; --quick runs the first two, the default first.
+WIDE_CONFIGS = {
+    "w16x2": KernelConfig(wide_rows=16, wide_warps=2),
+    "w8x1": KernelConfig(wide_rows=8, wide_warps=1),
+    "w16x4": KernelConfig(wide_rows=16, wide_warps=4),
+    "w32x2": KernelConfig(wide_rows=32, wide_warps=2),
+    "w4x1": KernelConfig(wide_rows=4, wide_warps=1),
+}
 
 
 def _dense_system(atom, ridge):
@@ -269,7 +278,18 @@ def _fields(solution):
     return solution.delta_t, solution.delta_beta, solution.log_det, solution.status
 
 
-def dimension_classes(rec: Recorder) -> None:
+def sweep_wide_configs(rec: Recorder, case: str, batch: BorderBatch, ridge: float, want,
+                       quick: bool) -> None:
+    """``solve_<case>_<config>`` for the :data:`WIDE_CONFIGS` of the d > 8 kernel."""
+    ridges = jnp.full((batch.num_atoms,), ridge, batch.H_tt.dtype)
+    for name, config in list(WIDE_CONFIGS.items())[1:2 if quick else None]:
+        kernel = jax.jit(lambda bt, c=config: solve_border_pallas(
+            bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges, config=c))
+        time_checked(rec, f"solve_{case}_{name}", "pallas", name, kernel, batch, want,
+                     input_bytes(batch))
+
+
+def dimension_classes(rec: Recorder, quick: bool) -> None:
     """Per row dimension d: the Pallas kernel (and the fused Triton one for d <= 8), the
     XLA reference and the scipy dense loop on one batch, checked against each other."""
     for d, b in DIM_CLASSES.items():
@@ -297,6 +317,8 @@ def dimension_classes(rec: Recorder) -> None:
                                   want, nbytes)
             if timing and (best is None or timing.median_ms < best[1].median_ms):
                 best = (path, timing)
+        if d > kernels.MAX_UNROLLED_D:
+            sweep_wide_configs(rec, f"d{d}", batch, RIDGE, want, quick)
         xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
         rec.record(f"solve_d{d}_xla_reference", shape=shape, dtype="float64", backend="xla",
                    timing=xla, bytes_moved=nbytes, items=b, item_name="atoms")
@@ -316,7 +338,7 @@ def dimension_classes(rec: Recorder) -> None:
                               "xla_target": 10})
 
 
-def charter(rec: Recorder) -> None:
+def charter(rec: Recorder, quick: bool) -> None:
     """One atom of N = 5000 rows, d = 16, k = 6 through the Pallas kernel (chunks of rows
     in parallel, partial Schur sums reduced per atom), beside the XLA reference, the
     block-dense scipy loop and scipy's cho_factor on the assembled dense system."""
@@ -358,6 +380,8 @@ def charter(rec: Recorder) -> None:
                                                                 backend=p))
         try:
             got = jax.block_until_ready(solve(batch))
+            if path == "pallas":
+                got_pallas = got
             check_close(f"charter {path} delta_t", got.delta_t, want[0], rtol=1e-8, atol=1e-10)
             check_close(f"charter {path} delta_beta", got.delta_beta, want[1], rtol=1e-8,
                         atol=1e-10)
@@ -370,6 +394,7 @@ def charter(rec: Recorder) -> None:
                    dtype="float64", backend="xla" if path == "reference" else path,
                    timing=timings[path], bytes_moved=nbytes, items=n, item_name="rows")
     if "pallas" in timings:
+        sweep_wide_configs(rec, "charter", batch, CHARTER_RIDGE, got_pallas, quick)
         kernel_ms = timings["pallas"].median_ms
         extra = {"speedup_vs_scipy_block_loop": loop_ms / kernel_ms,
                  "speedup_vs_scipy_dense": dense_ms / kernel_ms, "dense_target": 10}
@@ -427,8 +452,8 @@ def run(quick: bool, out: Path | None) -> None:
     xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
     rec.record("solve_xla_reference", shape=shape, dtype="float64", backend="xla", timing=xla,
                bytes_moved=nbytes, items=b, item_name="atoms")
-    dimension_classes(rec)
-    charter(rec)
+    dimension_classes(rec, quick)
+    charter(rec, quick)
     if best is None:
         print("[border] every kernel config failed", flush=True)
         return

@@ -130,3 +130,10 @@ def test_kernel_paths_per_d_group(monkeypatch, batch):
         solve_batched_border(batch, 1e-6, 1e-6, backend="triton")
     for _, atoms in lay.dim_groups():
         assert border._resolve(lay.subset(atoms), np.float64, "pallas") == "pallas"
+
+
+def test_sharding_a_mixed_batch_is_refused(batch):
+    from gpustat import distributed
+
+    with pytest.raises(ValueError, match="one row dimension d per batch"):
+        distributed.shard_border_batch(batch, None)
