@@ -23,13 +23,16 @@ intermediate: an input entry, or (finite inputs, positive definite rows) an entr
 NaN ``delta_t``, ``delta_beta`` and ``log_det``; other atoms are untouched.
 
 The batch layout (:class:`BorderLayout`):
-A batch of ``b`` atoms with ``n_a`` rows each (row dimension ``d``, uniform) and
-border widths ``k_a`` is stored packed, with no padding (spec B.6):
+A batch of ``b`` atoms with ``n_a`` rows each (row dimension ``d`` for the batch, or
+``d_a`` per atom) and border widths ``k_a`` is stored packed, with no padding (spec B.6):
 
 * ``H_tt`` ``(N, d, d)`` and ``g_t`` ``(N, d)`` with ``N = sum_a n_a`` rows, atom ``a``
-  owning rows ``row_offsets[a]:row_offsets[a + 1]``;
-* ``H_tb`` flat ``(sum_a n_a d k_a,)``: atom ``a``'s rows from ``cross_offsets[a]``, each
-  row's ``d x k_a`` block row-major;
+  owning rows ``row_offsets[a]:row_offsets[a + 1]``; with per-atom ``d_a`` both flat,
+  ``(sum_a n_a d_a^2,)`` from ``tt_offsets[a]`` and ``(sum_a n_a d_a,)`` from
+  ``gt_offsets[a]`` (a mixed-``d`` batch solves one group per distinct ``d``,
+  :func:`solve_by_dim`);
+* ``H_tb`` flat ``(sum_a n_a d_a k_a,)``: atom ``a``'s rows from ``cross_offsets[a]``, each
+  row's ``d_a x k_a`` block row-major;
 * ``H_bb`` flat ``(sum_a k_a^2,)`` from ``hbb_offsets[a]``, row-major ``k_a x k_a``;
 * ``g_b`` flat ``(sum_a k_a,)`` from ``border_offsets[a]``.
 
