@@ -23,6 +23,15 @@
    ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``, re-whitening the chunk's rows
    from the inputs (read a second time).
 
+Row dimensions ``8 < d <= 32`` take a looped row factorisation instead of the unrolled
+one: stages 1 and 3 run one program per chunk of ``wide_rows`` rows of one atom (a long
+atom spreads over many programs); each row's block is a ``(D, D)`` tile (``D`` = 16 or
+32, identity padding) factorised by a right-looking loop over its ``d`` columns that
+updates ``H_tb`` and ``g_t`` alongside (:func:`_wide_whiten`), ``Y_i^T Y_i`` one
+``(K, D) @ (D, K)`` dot; the chunks' partial ``S``, ``r``, log-determinants, failing
+rows and probes are summed per atom in XLA before stage 2. One call takes one ``d``
+(:func:`gpustat.reference.border.solve_by_dim` splits a mixed batch).
+
 ``K`` is the border width padded to 16 or 32 (the float64 dot minimum is 16);
 padded rows are identity blocks with zero cross terms and padded border entries
 identity, so they change nothing. Row-pass atoms are bucketed by ``(K, block_rows)``,
