@@ -212,6 +212,199 @@ def time_kernels(rec: Recorder, case: str, batch: BorderBatch, ridges) -> None:
                    bytes_moved=input_bytes(batch), items=b, item_name="atoms")
 
 
+# Row-dimension classes (issue 37): atoms per class so each batch holds ~10-40M H_tt
+# entries; n_a ~ U[8, 64], k_a ~ U[4, 12], float64. d <= 8 also times the fused Triton
+# kernel; the scipy loop is sampled and extrapolated.
+DIM_CLASSES = {4: 20_000, 8: 10_000, 16: 4_000, 32: 1_000}
+DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20}
+# The charter single-system shape (spec B.7): one atom of N = 5000 rows, d = 16, k = 6,
+# rho = 1e-9. Its assembled dense matrix is 80,006^2 (51 GB), so scipy's cho_factor on it
+# runs at CHARTER_DENSE_ROWS rows and is extrapolated by the cube of the size; the
+# block-dense scipy loop (per-row cho_factor, Schur complement, back substitution) runs at
+# full size.
+CHARTER = (5000, 16, 6)
+CHARTER_RIDGE = 1e-9
+CHARTER_DENSE_ROWS = 500
+# Chunk rows x warps of the looped row factorisation (d > 8), swept on the d = 16 and 32
+# classes and the charter; --quick runs the first two, the default first.
+WIDE_CONFIGS = {
+    "w16x2": KernelConfig(wide_rows=16, wide_warps=2),
+    "w8x1": KernelConfig(wide_rows=8, wide_warps=1),
+    "w16x4": KernelConfig(wide_rows=16, wide_warps=4),
+    "w32x2": KernelConfig(wide_rows=32, wide_warps=2),
+    "w4x1": KernelConfig(wide_rows=4, wide_warps=1),
+}
+
+
+def _dense_system(atom, ridge):
+    """Assembled ridged ``(n d + k)^2`` matrix and right-hand side ``-g`` of one atom."""
+    H_tt, H_tb, g_t, H_bb, g_b = (np.asarray(x) for x in atom)
+    n, d, k = H_tb.shape
+    H = np.zeros((n * d + k, n * d + k))
+    for i in range(n):
+        H[i * d:(i + 1) * d, i * d:(i + 1) * d] = H_tt[i] + ridge * np.eye(d)
+        H[i * d:(i + 1) * d, n * d:] = H_tb[i]
+        H[n * d:, i * d:(i + 1) * d] = H_tb[i].T
+    H[n * d:, n * d:] = H_bb + ridge * np.eye(k)
+    return H, -np.concatenate([g_t.ravel(), g_b])
+
+
+def scipy_block_loop(atom, ridge):
+    """One atom by the square-root Schur form in a host loop of scipy calls (per-row
+    ``cho_factor``, whitening, Schur Cholesky, back substitution): ``(delta_t, delta_beta)``."""
+    from scipy.linalg import solve_triangular
+
+    H_tt, H_tb, g_t, H_bb, g_b = (np.asarray(x) for x in atom)
+    n, d, k = H_tb.shape
+    S = H_bb + ridge * np.eye(k)
+    r = -g_b.copy()
+    factors = []
+    for i in range(n):
+        L = cho_factor(H_tt[i] + ridge * np.eye(d), lower=True)[0]
+        Y = solve_triangular(L, H_tb[i], lower=True)
+        u = solve_triangular(L, g_t[i], lower=True)
+        S -= Y.T @ Y
+        r += Y.T @ u
+        factors.append((L, Y, u))
+    delta_beta = cho_solve(cho_factor(S, lower=True), r)
+    delta_t = np.stack([-solve_triangular(L, u + Y @ delta_beta, lower=True, trans="T")
+                        for L, Y, u in factors])
+    return delta_t, delta_beta
+
+
+def _fields(solution):
+    """``(delta_t, delta_beta, log_det, status)`` of a solution, as :func:`time_checked`
+    reads a kernel's outputs."""
+    return solution.delta_t, solution.delta_beta, solution.log_det, solution.status
+
+
+def sweep_wide_configs(rec: Recorder, case: str, batch: BorderBatch, ridge: float, want,
+                       quick: bool) -> None:
+    """``solve_<case>_<config>`` for the :data:`WIDE_CONFIGS` of the d > 8 kernel."""
+    ridges = jnp.full((batch.num_atoms,), ridge, batch.H_tt.dtype)
+    for name, config in list(WIDE_CONFIGS.items())[1:2 if quick else None]:
+        kernel = jax.jit(lambda bt, c=config: solve_border_pallas(
+            bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, ridges, ridges, config=c))
+        time_checked(rec, f"solve_{case}_{name}", "pallas", name, kernel, batch, want,
+                     input_bytes(batch))
+
+
+def dimension_classes(rec: Recorder, quick: bool) -> None:
+    """Per row dimension d: the Pallas kernel (and the fused Triton one for d <= 8), the
+    XLA reference and the scipy dense loop on one batch, checked against each other."""
+    for d, b in DIM_CLASSES.items():
+        try:
+            batch = random_packed_batch(b, d, (8, 64), (4, 12), seed=d)
+            reference = jax.jit(lambda bt: solve_batched_border(bt, RIDGE, RIDGE,
+                                                                backend="reference"))
+            want = jax.block_until_ready(reference(batch))
+            per_atom, sample, solutions = scipy_seconds_per_atom(batch, DIM_SCIPY_SAMPLE[d])
+            for a, x in zip(sample[:20], solutions[:20]):
+                dt, db = (np.asarray(v) for v in want.atom(int(a)))
+                check_close(f"d={d} reference atom {a}", np.concatenate([dt.ravel(), db]), x,
+                            rtol=1e-9, atol=1e-12)
+        except Exception as err:
+            print(f"[border] d={d} setup failed: {type(err).__name__}: {err}"[:2000], flush=True)
+            continue
+        lay, nbytes = batch.layout, input_bytes(batch)
+        shape = (b, lay.num_rows, d)
+        paths = ["pallas", "triton"] if d <= kernels.MAX_UNROLLED_D else ["pallas"]
+        best = None
+        for path in paths:
+            kernel = jax.jit(lambda bt, p=path: _fields(solve_batched_border(bt, RIDGE, RIDGE,
+                                                                             backend=p)))
+            timing = time_checked(rec, f"solve_d{d}_{path}", path, "default", kernel, batch,
+                                  want, nbytes)
+            if timing and (best is None or timing.median_ms < best[1].median_ms):
+                best = (path, timing)
+        if d > kernels.MAX_UNROLLED_D:
+            sweep_wide_configs(rec, f"d{d}", batch, RIDGE, want, quick)
+        xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
+        rec.record(f"solve_d{d}_xla_reference", shape=shape, dtype="float64", backend="xla",
+                   timing=xla, bytes_moved=nbytes, items=b, item_name="atoms")
+        scipy_ms = per_atom * b * 1e3
+        rec.record(f"solve_d{d}_scipy_cho_factor_loop", shape=shape, dtype="float64",
+                   backend="scipy-host", timing=None,
+                   extra={"extrapolated_ms": scipy_ms, "sample_atoms": DIM_SCIPY_SAMPLE[d],
+                          "seconds_per_atom": per_atom,
+                          "note": "per-atom cho_factor+cho_solve on pre-assembled dense "
+                                  "matrices, subsample extrapolated to B atoms"})
+        if best:
+            rec.record(f"summary_d{d}", shape=shape, dtype="float64", backend=best[0],
+                       timing=best[1], bytes_moved=nbytes, items=b, item_name="atoms",
+                       baseline=f"solve_d{d}_xla_reference",
+                       extra={"speedup_vs_xla": xla.median_ms / best[1].median_ms,
+                              "speedup_vs_scipy": scipy_ms / best[1].median_ms,
+                              "xla_target": 10})
+
+
+def charter(rec: Recorder, quick: bool) -> None:
+    """One atom of N = 5000 rows, d = 16, k = 6 through the Pallas kernel (chunks of rows
+    in parallel, partial Schur sums reduced per atom), beside the XLA reference, the
+    block-dense scipy loop and scipy's cho_factor on the assembled dense system."""
+    n, d, k = CHARTER
+    shape = (1, n, d)
+    try:
+        batch = random_packed_batch(1, d, (n, n), (k, k), seed=16)
+        atom = tuple(np.asarray(x) for x in batch.atom(0))
+        start = time.perf_counter()
+        loop_dt, loop_db = scipy_block_loop(atom, CHARTER_RIDGE)
+        loop_ms = (time.perf_counter() - start) * 1e3
+        small = (atom[0][:CHARTER_DENSE_ROWS], atom[1][:CHARTER_DENSE_ROWS],
+                 atom[2][:CHARTER_DENSE_ROWS], atom[3], atom[4])
+        H, rhs = _dense_system(small, CHARTER_RIDGE)
+        start = time.perf_counter()
+        dense = cho_solve(cho_factor(H, lower=True), rhs)
+        dense_small_ms = (time.perf_counter() - start) * 1e3
+        small_dt, small_db = scipy_block_loop(small, CHARTER_RIDGE)
+        check_close("charter block loop vs dense (first rows)",
+                    np.concatenate([small_dt.ravel(), small_db]), dense, rtol=1e-8, atol=1e-10)
+        dense_ms = dense_small_ms * ((n * d + k) / (CHARTER_DENSE_ROWS * d + k)) ** 3
+    except Exception as err:
+        print(f"[border] charter setup failed: {type(err).__name__}: {err}"[:2000], flush=True)
+        return
+    rec.record("charter_scipy_block_loop", shape=shape, dtype="float64", backend="scipy-host",
+               timing=None, extra={"measured_ms": loop_ms, "note": "per-row cho_factor, Schur "
+                                   "complement and back substitution in a host loop, full size"})
+    rec.record("charter_scipy_cho_factor_dense", shape=shape, dtype="float64",
+               backend="scipy-host", timing=None,
+               extra={"extrapolated_ms": dense_ms, "measured_ms": dense_small_ms,
+                      "measured_rows": CHARTER_DENSE_ROWS,
+                      "note": "cho_factor+cho_solve on the assembled dense system of the "
+                              "first rows, extrapolated by the cube of the matrix size"})
+    want = (jnp.asarray(loop_dt), jnp.asarray(loop_db))
+    nbytes = input_bytes(batch)
+    timings = {}
+    for path in ("pallas", "reference"):
+        solve = jax.jit(lambda bt, p=path: solve_batched_border(bt, CHARTER_RIDGE, CHARTER_RIDGE,
+                                                                backend=p))
+        try:
+            got = jax.block_until_ready(solve(batch))
+            if path == "pallas":
+                got_pallas = got
+            check_close(f"charter {path} delta_t", got.delta_t, want[0], rtol=1e-8, atol=1e-10)
+            check_close(f"charter {path} delta_beta", got.delta_beta, want[1], rtol=1e-8,
+                        atol=1e-10)
+            timings[path] = time_fn(solve, [(batch,)], calls_per_repeat=BACK_TO_BACK)
+        except Exception as err:
+            print(f"[border] charter {path} failed: {type(err).__name__}: {err}"[:2000],
+                  flush=True)
+            continue
+        rec.record(f"charter_{'xla_reference' if path == 'reference' else path}", shape=shape,
+                   dtype="float64", backend="xla" if path == "reference" else path,
+                   timing=timings[path], bytes_moved=nbytes, items=n, item_name="rows")
+    if "pallas" in timings:
+        sweep_wide_configs(rec, "charter", batch, CHARTER_RIDGE, got_pallas, quick)
+        kernel_ms = timings["pallas"].median_ms
+        extra = {"speedup_vs_scipy_block_loop": loop_ms / kernel_ms,
+                 "speedup_vs_scipy_dense": dense_ms / kernel_ms, "dense_target": 10}
+        if "reference" in timings:
+            extra["speedup_vs_xla"] = timings["reference"].median_ms / kernel_ms
+        rec.record("charter_summary", shape=shape, dtype="float64", backend="pallas",
+                   timing=timings["pallas"], bytes_moved=nbytes, items=n, item_name="rows",
+                   baseline="charter_xla_reference", extra=extra)
+
+
 def run(quick: bool, out: Path | None) -> None:
     rec = Recorder("border", out)
     copy_gbs = rec.measure_copy()
@@ -259,6 +452,8 @@ def run(quick: bool, out: Path | None) -> None:
     xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
     rec.record("solve_xla_reference", shape=shape, dtype="float64", backend="xla", timing=xla,
                bytes_moved=nbytes, items=b, item_name="atoms")
+    dimension_classes(rec, quick)
+    charter(rec, quick)
     if best is None:
         print("[border] every kernel config failed", flush=True)
         return

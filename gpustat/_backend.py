@@ -86,7 +86,7 @@ AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule("factorization", "ffm/float64", "triton",
              "the jax-triton FFM program keeps a row's field pairs in registers",
              "bench_triton: ffm float64 2^18 rows"),
-    AutoRule("border", "float64/k16", "triton",
+    AutoRule("border", "float64/k16/d8", "triton",
              "one fused jax-triton program per atom for borders padded to 16",
              "bench_border: fused Triton vs Pallas, float64, k_a in [4, 12]"),
     AutoRule("mixture", "f16x3/*", "triton",
@@ -157,11 +157,12 @@ def factorization_shape_class(model: str, dtype) -> str:
     return f"{model}/{np.dtype(dtype).name}"
 
 
-def border_shape_class(dtype, max_border: int) -> str:
-    """``"<compute dtype>/k<16|32>"`` of a ``solve_batched_border`` call: the widest padded
-    border (the kernels pad ``k_a`` to 16 or 32; the Triton one needs a spare column, so
-    ``k_a = 16`` counts as 32)."""
-    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}"
+def border_shape_class(dtype, max_border: int, d: int = 1) -> str:
+    """``"<compute dtype>/k<16|32>/d<8|32>"`` of a ``solve_batched_border`` launch group:
+    the widest padded border (the kernels pad ``k_a`` to 16 or 32; the Triton one needs a
+    spare column, so ``k_a = 16`` counts as 32) and the row dimension class (``d <= 8``
+    unrolled, larger ``d`` the Pallas kernel's looped row factorisation)."""
+    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}/d{8 if d <= 8 else 32}"
 
 
 def _auto_rule(capability: str, shape_class: str) -> AutoRule | None:

@@ -19,6 +19,7 @@ batch; :func:`retry_failed` re-solves only the failed atoms with their bumped ri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Sequence
 
@@ -40,6 +41,7 @@ from gpustat.reference.border import (
     gershgorin_bounds,
     gershgorin_ridge_bump,
     solve_border_reference,
+    solve_by_dim,
     symmetric_from_lower,
 )
 
@@ -93,13 +95,18 @@ def _atom_indices(atoms, b: int) -> np.ndarray:
 class BorderBatch:
     """A packed batch of ``b`` border systems (CSR over atoms, no padding).
 
-    With ``N = sum_a n_a`` rows, uniform row dimension ``d`` and border widths ``k_a``:
+    With ``N = sum_a n_a`` rows, row dimension ``d`` (uniform, or ``d_a`` per atom) and
+    border widths ``k_a``:
 
     Attributes:
         H_tt: ``(N, d, d)`` symmetric row blocks (lower triangle read), atom ``a``'s rows
-            at ``layout.row_offsets[a]:layout.row_offsets[a + 1]``.
-        H_tb: ``(sum_a n_a d k_a,)`` cross blocks, each row's ``d x k_a`` block row-major.
-        g_t: ``(N, d)`` row gradients.
+            at ``layout.row_offsets[a]:layout.row_offsets[a + 1]``; with per-atom ``d_a``
+            flat ``(sum_a n_a d_a^2,)``, each row's block row-major, atom ``a``'s from
+            ``layout.tt_offsets[a]``.
+        H_tb: ``(sum_a n_a d_a k_a,)`` cross blocks, each row's ``d_a x k_a`` block
+            row-major.
+        g_t: ``(N, d)`` row gradients; with per-atom ``d_a`` flat ``(sum_a n_a d_a,)``
+            from ``layout.gt_offsets[a]``.
         H_bb: ``(sum_a k_a^2,)`` symmetric borders, row-major (lower triangle read).
         g_b: ``(sum_a k_a,)`` border gradients.
         layout: the static :class:`~gpustat.reference.border.BorderLayout` (row counts
@@ -122,20 +129,21 @@ class BorderBatch:
         """Pack per-atom arrays (host-side; not traceable, the shapes define the layout).
 
         Args:
-            H_tt: ``b`` arrays ``(n_a, d, d)``.
-            H_tb: ``b`` arrays ``(n_a, d, k_a)``.
-            g_t: ``b`` arrays ``(n_a, d)``.
+            H_tt: ``b`` arrays ``(n_a, d_a, d_a)``.
+            H_tb: ``b`` arrays ``(n_a, d_a, k_a)``.
+            g_t: ``b`` arrays ``(n_a, d_a)``.
             H_bb: ``b`` arrays ``(k_a, k_a)``, ``0 <= k_a <= 32``.
             g_b: ``b`` arrays ``(k_a,)``.
             d: row dimension, an integer >= 1; needed only for an empty batch (default 1
-                then), else checked against ``H_tt[0]``.
+                then), else every atom's ``d_a`` must equal it.
 
         Returns:
             The packed batch, in the common floating dtype of the inputs (integers
-            promote to the default float dtype).
+            promote to the default float dtype). Its layout has one integer ``d`` when
+            every ``d_a`` is equal, else per-atom ``d_a`` (flat ``H_tt`` and ``g_t``).
 
         Raises:
-            ValueError: lists of different lengths, mismatched shapes, non-uniform ``d``,
+            ValueError: lists of different lengths, mismatched shapes, ``d_a != d``,
                 ``d`` not an integer >= 1, ``k_a > 32``.
             TypeError: complex or boolean arrays, or float64 arrays while
                 ``jax_enable_x64`` is off (they would be rounded to float32).
@@ -153,17 +161,20 @@ class BorderBatch:
             layout = BorderLayout(1 if d is None else d, np.zeros(0), np.zeros(0))
             dtype = jnp.result_type(float)
             return cls(*(jnp.zeros(s, dtype) for s in layout.packed_sizes().values()), layout)
-        row_dim = _first_row_dim(atoms[0]["H_tt"], d)
-        n_rows, k_dims = [], []
+        row_dims, n_rows, k_dims = [], [], []
         for a, atom in enumerate(atoms):
-            n_a, k_a = _atom_sizes(a, atom, row_dim)
+            row_dims.append(_row_dim(a, atom["H_tt"], d))
+            n_a, k_a = _atom_sizes(a, atom, row_dims[-1])
             n_rows.append(n_a)
             k_dims.append(k_a)
         dtype = jnp.result_type(*(x.dtype for atom in atoms for x in atom.values()))
-        layout = BorderLayout(row_dim, np.array(n_rows), np.array(k_dims))
+        uniform = len(set(row_dims)) == 1
+        layout = BorderLayout(row_dims[0] if uniform else np.array(row_dims), np.array(n_rows),
+                              np.array(k_dims))
 
         def pack(name, flat):
             parts = [atom[name].astype(dtype) for atom in atoms]
+            flat = flat or not uniform
             return jnp.concatenate([p.reshape(-1) if flat else p for p in parts], axis=0)
 
         return cls.from_packed(layout, pack("H_tt", False), pack("H_tb", True),
@@ -194,20 +205,22 @@ class BorderBatch:
         return self.layout.num_atoms
 
     def atom(self, a: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-        """Atom ``a``'s ``(H_tt (n_a, d, d), H_tb (n_a, d, k_a), g_t (n_a, d), H_bb (k_a, k_a),
-        g_b (k_a,))``; a negative ``a`` counts from the end, as in a Python list.
+        """Atom ``a``'s ``(H_tt (n_a, d_a, d_a), H_tb (n_a, d_a, k_a), g_t (n_a, d_a),
+        H_bb (k_a, k_a), g_b (k_a,))``; a negative ``a`` counts from the end, as in a
+        Python list.
 
         Raises:
             IndexError: ``a`` outside ``[-b, b)``.
         """
         lay = self.layout
         a = _atom_index(a, lay.num_atoms)
-        n, k, d = int(lay.n_rows[a]), int(lay.k_dims[a]), lay.d
-        r0, c0 = int(lay.row_offsets[a]), int(lay.cross_offsets[a])
-        h0, b0 = int(lay.hbb_offsets[a]), int(lay.border_offsets[a])
-        return (self.H_tt[r0:r0 + n], self.H_tb[c0:c0 + n * d * k].reshape(n, d, k),
-                self.g_t[r0:r0 + n], self.H_bb[h0:h0 + k * k].reshape(k, k),
-                self.g_b[b0:b0 + k])
+        n, k, d = int(lay.n_rows[a]), int(lay.k_dims[a]), int(lay.row_dims[a])
+        t0, s0 = int(lay.tt_offsets[a]), int(lay.gt_offsets[a])
+        c0, h0, b0 = int(lay.cross_offsets[a]), int(lay.hbb_offsets[a]), int(lay.border_offsets[a])
+        return (self.H_tt.reshape(-1)[t0:t0 + n * d * d].reshape(n, d, d),
+                self.H_tb[c0:c0 + n * d * k].reshape(n, d, k),
+                self.g_t.reshape(-1)[s0:s0 + n * d].reshape(n, d),
+                self.H_bb[h0:h0 + k * k].reshape(k, k), self.g_b[b0:b0 + k])
 
     def subset(self, atoms) -> BorderBatch:
         """The batch of atoms ``atoms`` (host-side 1-D integer sequence; negative indices
@@ -219,30 +232,28 @@ class BorderBatch:
         """
         atoms = _atom_indices(atoms, self.num_atoms)
         lay = self.layout
-        return BorderBatch(self.H_tt[lay.row_index(atoms)], self.H_tb[lay.cross_index(atoms)],
-                           self.g_t[lay.row_index(atoms)], self.H_bb[lay.hbb_index(atoms)],
+        rows = lay.row_index(atoms) if lay.uniform else lay.tt_index(atoms)
+        return BorderBatch(self.H_tt[rows], self.H_tb[lay.cross_index(atoms)],
+                           self.g_t[lay.step_index(atoms)], self.H_bb[lay.hbb_index(atoms)],
                            self.g_b[lay.border_index(atoms)], lay.subset(atoms))
 
 
-def _first_row_dim(H_tt, d: int | None) -> int:
-    """The batch's row dimension, from atom 0's ``H_tt`` ``(n_0, d, d)`` (and the ``d``
-    argument when given)."""
+def _row_dim(a: int, H_tt, d: int | None) -> int:
+    """Atom ``a``'s row dimension, from its ``H_tt`` ``(n_a, d_a, d_a)`` (checked against
+    the ``d`` argument when given)."""
     if H_tt.ndim != 3 or H_tt.shape[1] != H_tt.shape[2]:
-        raise ValueError(f"H_tt[0]: expected (n_a, d, d), got {H_tt.ndim}-D {H_tt.shape=}")
+        raise ValueError(f"H_tt[{a}]: expected (n_a, d, d), got {H_tt.ndim}-D {H_tt.shape=}")
     row_dim = H_tt.shape[2]
     if row_dim < 1:
-        raise ValueError(f"H_tt[0]: the row dimension d must be >= 1, got {H_tt.shape=}")
+        raise ValueError(f"H_tt[{a}]: the row dimension d must be >= 1, got {H_tt.shape=}")
     if d is not None and row_dim != d:
-        raise ValueError(f"from_atoms: {d=} but H_tt[0] has d={row_dim}")
+        raise ValueError(f"from_atoms: {d=} but H_tt[{a}] has d={row_dim}")
     return row_dim
 
 
 def _atom_sizes(a: int, atom: dict, d: int) -> tuple[int, int]:
     """Validate one atom's shapes; return ``(n_a, k_a)``."""
     H_tt, H_tb, g_t, H_bb, g_b = (atom[n] for n in ("H_tt", "H_tb", "g_t", "H_bb", "g_b"))
-    if H_tt.ndim != 3 or H_tt.shape[1:] != (d, d):
-        raise ValueError(f"H_tt[{a}]: expected (n_a, {d}, {d}) with the batch's uniform d, "
-                         f"got {H_tt.shape=}")
     n = H_tt.shape[0]
     if H_bb.ndim != 2 or H_bb.shape[0] != H_bb.shape[1]:
         raise ValueError(f"H_bb[{a}]: expected a square (k_a, k_a), got {H_bb.shape=}")
@@ -263,7 +274,8 @@ class BorderSolution:
     """Per-atom Newton steps ``H delta = -g`` of a :class:`BorderBatch`.
 
     Attributes:
-        delta_t: ``(N, d)`` packed row steps (NaN rows for failed atoms).
+        delta_t: ``(N, d)`` packed row steps (NaN rows for failed atoms); with per-atom
+            ``d_a`` flat ``(sum_a n_a d_a,)``, atom ``a``'s from ``layout.gt_offsets[a]``.
         delta_beta: ``(sum_a k_a,)`` packed border steps (NaN for failed atoms).
         log_det: ``(b,)`` natural log-determinant of each whole ridged bordered matrix.
         status: ``(b,)`` int32: 0 ok, 1 a row block not positive definite, 2 the Schur
@@ -286,16 +298,17 @@ class BorderSolution:
     layout: BorderLayout = dataclasses.field(metadata={"static": True})
 
     def atom(self, a: int) -> tuple[jax.Array, jax.Array]:
-        """Atom ``a``'s ``(delta_t (n_a, d), delta_beta (k_a,))``; a negative ``a`` counts
-        from the end, as in a Python list.
+        """Atom ``a``'s ``(delta_t (n_a, d_a), delta_beta (k_a,))``; a negative ``a``
+        counts from the end, as in a Python list.
 
         Raises:
             IndexError: ``a`` outside ``[-b, b)``.
         """
         lay = self.layout
         a = _atom_index(a, lay.num_atoms)
-        r0, b0 = int(lay.row_offsets[a]), int(lay.border_offsets[a])
-        return (self.delta_t[r0:r0 + int(lay.n_rows[a])],
+        n, d = int(lay.n_rows[a]), int(lay.row_dims[a])
+        s0, b0 = int(lay.gt_offsets[a]), int(lay.border_offsets[a])
+        return (self.delta_t.reshape(-1)[s0:s0 + n * d].reshape(n, d),
                 self.delta_beta[b0:b0 + int(lay.k_dims[a])])
 
 
@@ -325,13 +338,16 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
     """Solve ``H delta = -g`` for every atom of ``batch`` and report per-atom status.
 
     Args:
-        batch: the packed systems (``b`` atoms, ``N`` rows, row dimension ``d``).
+        batch: the packed systems (``b`` atoms, ``N`` rows, row dimension ``d``, uniform
+            or per atom: a batch of mixed ``d`` solves one launch group per distinct ``d``,
+            each on the path ``backend`` picks for it).
         ridge_t: ``rho_t >= 0`` added to every row block's diagonal: a scalar (class-uniform,
             the usual case) or ``(b,)`` per atom (what :func:`retry_failed` uses).
         ridge_beta: ``rho_b >= 0`` added to every border's diagonal, scalar or ``(b,)``.
-        backend: ``"auto"`` (a kernel on a CUDA GPU for ``d <= 8``: the fused Triton
+        backend: ``"auto"`` (a kernel on a CUDA GPU: for ``d <= 8`` the fused Triton
             kernel where jax-triton is installed and the benchmarks measured it faster,
-            else the Pallas one; the reference elsewhere), ``"pallas"``, ``"triton"``,
+            else the Pallas one, which also takes ``8 < d <= 32``; the reference
+            elsewhere), ``"pallas"`` (``d <= 32``), ``"triton"`` (``d <= 8``),
             ``"interpret"`` or ``"reference"``.
 
     Returns:
@@ -342,40 +358,63 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
         ValueError: ridges of the wrong shape, negative or non-finite (value checks run
             on concrete ridges only; traced ridges under ``jax.jit`` are not checked), a
             packed array of ``batch`` whose shape disagrees with its layout, or a kernel
-            backend asked for ``d > 8``.
+            backend asked for a ``d`` it does not take (Pallas ``d > 32``, Triton
+            ``d > 8``).
         TypeError: ``batch`` not a :class:`BorderBatch`, or complex, boolean or
             non-numeric ridges.
 
     Works under ``jax.jit`` (the batch's layout is static) and ``jax.vmap`` (over the
     batch's arrays or the ridges).
     """
-    from gpustat.pallas.border import MAX_KERNEL_D, solve_border_pallas
-
     arrays = _check_batch(batch)
     layout = batch.layout
     dtype = compute_dtype(jnp.result_type(*arrays))
     b = layout.num_atoms
     rt = _atom_ridges("ridge_t", ridge_t, b, dtype)
     rb = _atom_ridges("ridge_beta", ridge_beta, b, dtype)
-    max_border = int(layout.k_dims.max()) if b else 0
-    path = resolve_backend(backend, op="solve_batched_border", capability="border",
-                           shape_class=border_shape_class(dtype, max_border),
-                           kernels=("pallas", "triton"), kernel_supports=layout.d <= MAX_KERNEL_D,
-                           unsupported_reason=f"the kernel unrolls d <= {MAX_KERNEL_D}, "
-                                              f"got d={layout.d}")
     arrays = tuple(x.astype(dtype) for x in arrays)
+    solve = functools.partial(_solve_uniform, backend=backend)
     if b == 0:
+        _resolve(layout, dtype, backend)  # the backend name is still checked
         out = (arrays[2], arrays[4], jnp.zeros(0, dtype), jnp.zeros(0, jnp.int32),
                jnp.zeros(0, jnp.int32), jnp.zeros(0, dtype))
-    elif path == "reference":
-        out = solve_border_reference(layout, *arrays, rt, rb)
-    elif path == "triton":
+    elif layout.uniform:
+        out = solve(layout, *arrays, rt, rb)
+    else:
+        for _, atoms in layout.dim_groups():  # resolve every group before any work
+            _resolve(layout.subset(atoms), dtype, backend)
+        out = solve_by_dim(layout, *arrays, rt, rb, solve)
+    return BorderSolution(*out, layout=layout)
+
+
+def _resolve(layout: BorderLayout, dtype, backend: str) -> str:
+    """The path that solves ``layout``'s atoms (all of one ``d`` when it has atoms)."""
+    from gpustat.pallas.border import MAX_KERNEL_D, MAX_UNROLLED_D
+
+    d = layout.max_d
+    # The fused Triton kernel unrolls the row factorisation like the Pallas kernel's
+    # small-d form; the Pallas kernel loops over the row for larger d.
+    limit = MAX_UNROLLED_D if backend == "triton" else MAX_KERNEL_D
+    return resolve_backend(backend, op="solve_batched_border", capability="border",
+                           shape_class=border_shape_class(dtype, layout.max_border, d),
+                           kernels=("pallas", "triton"), kernel_supports=d <= limit,
+                           unsupported_reason=f"the {backend} kernel takes d <= {limit}, "
+                                              f"got d={d}")
+
+
+def _solve_uniform(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, rt, rb, *, backend: str):
+    """The six solution arrays of a non-empty batch of one ``d`` on ``backend``'s path."""
+    from gpustat.pallas.border import solve_border_pallas
+
+    path = _resolve(layout, H_tt.dtype, backend)
+    arrays = (H_tt, H_tb, g_t, H_bb, g_b)
+    if path == "reference":
+        return solve_border_reference(layout, *arrays, rt, rb)
+    if path == "triton":
         from gpustat.triton.border import solve_border_triton
 
-        out = solve_border_triton(layout, *arrays, rt, rb)
-    else:
-        out = solve_border_pallas(layout, *arrays, rt, rb, interpret=path == "interpret")
-    return BorderSolution(*out, layout=layout)
+        return solve_border_triton(layout, *arrays, rt, rb)
+    return solve_border_pallas(layout, *arrays, rt, rb, interpret=path == "interpret")
 
 
 def _check_batch(batch) -> tuple:
@@ -403,18 +442,22 @@ def _failing_rows_bump(batch: BorderBatch, atoms: np.ndarray, ridge_t: np.ndarra
     """Largest spec-B.5 bump over the rows of each atom ``atoms`` that are not positive
     definite at its ``ridge_t`` (``(len(atoms),)``, host-side). The solution's ``bump``
     covers only the first failing row, but the ridge is shared by all of an atom's rows."""
-    sub = batch.subset(atoms)
-    d, n_rows = sub.layout.d, sub.layout.n_rows
-    blocks = symmetric_from_lower(sub.H_tt.astype(compute_dtype(sub.H_tt.dtype)))
-    ridge = jnp.asarray(np.repeat(ridge_t, n_rows), blocks.dtype)
-    factor = jax.lax.linalg.cholesky(blocks + ridge[:, None, None] * jnp.eye(d, dtype=blocks.dtype),
-                                     symmetrize_input=False)
-    failing = ~jnp.all(jnp.isfinite(factor), axis=(1, 2))
-    bounds = jax.vmap(gershgorin_bounds, in_axes=(0, None))(blocks, jnp.ones(d, bool))
-    bumps = gershgorin_ridge_bump(*bounds, ridge, d, float(jnp.finfo(blocks.dtype).eps) / 2)
-    owner = np.repeat(np.arange(atoms.size), n_rows)
-    return np.asarray(jax.ops.segment_max(jnp.where(failing, bumps, 0.0), owner,
-                                          num_segments=atoms.size))
+    out = np.zeros(atoms.size)
+    for d, group in batch.layout.subset(atoms).dim_groups():
+        sub = batch.subset(atoms[group])
+        n_rows = sub.layout.n_rows
+        blocks = symmetric_from_lower(
+            sub.H_tt.reshape(-1, d, d).astype(compute_dtype(sub.H_tt.dtype)))
+        ridge = jnp.asarray(np.repeat(ridge_t[group], n_rows), blocks.dtype)
+        factor = jax.lax.linalg.cholesky(
+            blocks + ridge[:, None, None] * jnp.eye(d, dtype=blocks.dtype), symmetrize_input=False)
+        failing = ~jnp.all(jnp.isfinite(factor), axis=(1, 2))
+        bounds = jax.vmap(gershgorin_bounds, in_axes=(0, None))(blocks, jnp.ones(d, bool))
+        bumps = gershgorin_ridge_bump(*bounds, ridge, d, float(jnp.finfo(blocks.dtype).eps) / 2)
+        owner = np.repeat(np.arange(group.size), n_rows)
+        out[group] = np.asarray(jax.ops.segment_max(jnp.where(failing, bumps, 0.0), owner,
+                                                    num_segments=group.size))
+    return out
 
 
 def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_beta, *,
@@ -484,7 +527,7 @@ def retry_failed(batch: BorderBatch, solution: BorderSolution, ridge_t, ridge_be
         rb[failed] += np.where(status[failed] == STATUS_SCHUR_NOT_PD, bump, 0.0)
         sub = solve_batched_border(batch.subset(failed), rt[failed], rb[failed], backend=backend)
         solution = BorderSolution(
-            solution.delta_t.at[lay.row_index(failed)].set(sub.delta_t),
+            solution.delta_t.at[lay.step_index(failed)].set(sub.delta_t),
             solution.delta_beta.at[lay.border_index(failed)].set(sub.delta_beta),
             solution.log_det.at[failed].set(sub.log_det),
             solution.status.at[failed].set(sub.status),

@@ -86,10 +86,11 @@ def test_auto_without_jax_triton_takes_the_pallas_kernel_or_the_reference(monkey
 def test_border_classes_pad_the_spare_column(monkeypatch):
     """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class."""
     _on_a_gpu(monkeypatch, triton=True)
-    assert _backend.border_shape_class(np.float64, 15) == "float64/k16"
-    assert _backend.border_shape_class(np.float64, 16) == "float64/k32"
-    for shape_class, path in [("float64/k16", "triton"), ("float64/k32", "pallas"),
-                              ("float32/k16", "pallas")]:
+    assert _backend.border_shape_class(np.float64, 15) == "float64/k16/d8"
+    assert _backend.border_shape_class(np.float64, 16) == "float64/k32/d8"
+    assert _backend.border_shape_class(np.float64, 15, 9) == "float64/k16/d32"
+    for shape_class, path in [("float64/k16/d8", "triton"), ("float64/k32/d8", "pallas"),
+                              ("float32/k16/d8", "pallas"), ("float64/k16/d32", "pallas")]:
         assert resolve_backend("auto", op="t", capability="border", shape_class=shape_class,
                                kernels=("pallas", "triton")) == path
 

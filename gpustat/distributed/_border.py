@@ -147,9 +147,17 @@ def shard_border_batch(batch: border.BorderBatch, mesh: Mesh) -> ShardedBorderBa
 
     Returns:
         :class:`ShardedBorderBatch` with every device's local batch on that device.
+
+    Raises:
+        TypeError: ``batch`` not a :class:`~gpustat.border.BorderBatch`.
+        ValueError: ``batch`` has per-atom row dimensions (a mixed-``d`` layout).
     """
     if not isinstance(batch, border.BorderBatch):
         raise TypeError(f"batch must be a BorderBatch, got {type(batch).__name__}")
+    if not batch.layout.uniform:
+        raise ValueError(f"shard_border_batch takes one row dimension d per batch, got "
+                         f"{batch.layout}: build one batch per d (BorderBatch.from_atoms) "
+                         f"and shard each")
     n_dev = mesh_size(mesh)
     plan = _plan(batch.layout, n_dev)
     per_device = [_local_arrays(batch, plan, g) for g in range(n_dev)]

@@ -2,7 +2,8 @@
 
 ``jax.random.gamma`` runs Marsaglia and Tsang's rejection sampler as a ``while_loop`` per
 element; batched, every round is a handful of small kernels and a predicate read by the
-host, which dominates a Gibbs sweep's NIW and stick draws. Here every element gets ``proposals`` Marsaglia-Tsang proposals
+host, which dominates a Gibbs sweep's NIW and stick draws. Here every element gets
+``proposals`` Marsaglia-Tsang proposals
 at once and keeps the first accepted one. The acceptance rate is above 0.95 for every
 shape >= 1, so with 4 proposals an element is left without a draw with probability below
 1e-5; those few are redrawn by a ``while_loop`` that usually runs no round. Keeping the

@@ -23,6 +23,15 @@
    ``delta_t_i = -L_i^{-T} (u_i + Y_i delta_beta)``, re-whitening the chunk's rows
    from the inputs (read a second time).
 
+Row dimensions ``8 < d <= 32`` take a looped row factorisation instead of the unrolled
+one: stages 1 and 3 run one program per chunk of ``wide_rows`` rows of one atom (a long
+atom spreads over many programs); each row's block is a ``(D, D)`` tile (``D`` = 16 or
+32, identity padding) factorised by a right-looking loop over its ``d`` columns that
+updates ``H_tb`` and ``g_t`` alongside (:func:`_wide_whiten`), ``Y_i^T Y_i`` one
+``(K, D) @ (D, K)`` dot; the chunks' partial ``S``, ``r``, log-determinants, failing
+rows and probes are summed per atom in XLA before stage 2. One call takes one ``d``
+(:func:`gpustat.reference.border.solve_by_dim` splits a mixed batch).
+
 ``K`` is the border width padded to 16 or 32 (the float64 dot minimum is 16);
 padded rows are identity blocks with zero cross terms and padded border entries
 identity, so they change nothing. Row-pass atoms are bucketed by ``(K, block_rows)``,
@@ -58,12 +67,17 @@ from gpustat.reference.border import (
     gershgorin_ridge_bump,
     row_bump,
     schur_overflow,
+    symmetric_from_lower,
 )
 
-__all__ = ["MAX_KERNEL_D", "KernelConfig", "plan_buckets", "solve_border_pallas"]
+__all__ = ["MAX_KERNEL_D", "MAX_UNROLLED_D", "KernelConfig", "plan_buckets",
+           "solve_border_pallas"]
 
-#: Largest row dimension d the kernel unrolls (larger d goes to the reference).
-MAX_KERNEL_D = 8
+#: Largest row dimension d the kernel unrolls over rows in lanes (larger d takes the
+#: looped row factorisation of :func:`_wide_whiten`).
+MAX_UNROLLED_D = 8
+#: Largest row dimension d the kernel takes (larger d goes to the reference).
+MAX_KERNEL_D = 32
 _MIN_TILE = 16  # smallest K and block_rows: float64 dots need M, K >= 16 in Triton
 _NO_ROW = 2**30  # "no failing row yet" sentinel, larger than any atom-local row index
 # Row pass: atom id, position in its K group, first row, rows, border width,
@@ -80,7 +94,8 @@ class KernelConfig:
     ``d * block_rows * K <= tile_elems`` (the ``H_tb`` tiles of one chunk);
     ``num_warps = clamp(block_rows * K / elems_per_warp, 1, max_warps)``. The back
     substitution takes chunks of ``back_rows`` rows (capped the same way) at
-    ``back_warps`` warps.
+    ``back_warps`` warps. For ``d > 8`` both passes run one program per chunk of
+    ``wide_rows`` rows at ``wide_warps`` warps.
 
     Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], 10 solves back
     to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit 57462a9):
@@ -97,6 +112,8 @@ class KernelConfig:
     max_warps: int = 4
     back_rows: int = 32
     back_warps: int = 1
+    wide_rows: int = 16
+    wide_warps: int = 2
 
     def block_rows_cap(self, d: int, K: int, rows: int | None = None) -> int:
         cap = min(self.max_block_rows if rows is None else rows,
@@ -519,6 +536,197 @@ def _back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t, *
                  num_warps=config.back_warps, programs=meta.size // _BACK_META)[0]
 
 
+def _wide_load_row(refs, row, local, k, cross0, d, D, K):
+    """One row's ``H_tt`` block ``(D, D)`` (lower triangle read, identity padding), its
+    ``H_tb`` block ``(D, K)`` and ``g_t`` ``(D,)`` (zero padding), ``D = 16`` or ``32``."""
+    htt_ref, htb_ref, gt_ref = refs
+    idx = jnp.arange(D, dtype=jnp.int32)
+    p, q = idx[:, None], idx[None, :]
+    real = (p < d) & (q < d)
+    A = _load(htt_ref, row * (d * d) + jnp.maximum(p, q) * d + jnp.minimum(p, q), real, 0.0)
+    A = jnp.where(real, A, jnp.where(p == q, 1.0, 0.0).astype(A.dtype))
+    ck = jnp.arange(K, dtype=jnp.int32)[None, :]
+    B = _load(htb_ref, cross0 + (local * d + p) * k + ck, (p < d) & (ck < k), 0.0)
+    g = _load(gt_ref, row * d + idx, idx < d, 0.0)
+    return A, B, g
+
+
+def _wide_whiten(A, B, g, ridge, d):
+    """Right-looking Cholesky ``L L^T = A + ridge I_d`` of one ``(D, D)`` row block
+    (identity padding), carrying ``B (D, K)`` and ``g (D,)`` along, as a loop over the
+    ``d`` columns on whole tiles (masked column and row extraction, rank-1 updates).
+
+    Column ``j`` of the updated ``A`` (and row ``j`` of ``B``, entry ``j`` of ``g``) is final
+    once step ``j`` has run, so ``L = tril(A) diag(1 / sqrt(pivot))``, ``Y = L^{-1} B =
+    diag(..) B`` and ``u = L^{-1} g`` come out of the updated tiles. Returns ``(L, inv_diag,
+    Y, u, log_det, good)``: ``log_det`` the sum of the log pivots, ``good`` 1.0 when every
+    pivot is positive and finite, else 0.0.
+    """
+    D = A.shape[0]
+    dtype = A.dtype
+    idx = jnp.arange(D, dtype=jnp.int32)
+    A = A + jnp.where((idx[:, None] == idx[None, :]) & (idx < d)[:, None], ridge, 0.0)
+
+    def step(j, carry):
+        A, B, g, inv, log_det, good = carry
+        e = idx == j
+        col = jnp.sum(jnp.where(e[None, :], A, 0.0), axis=1)
+        pivot = jnp.sum(jnp.where(e, col, 0.0))
+        s = jax.lax.rsqrt(pivot)
+        lower = jnp.where(idx > j, col * s, 0.0)
+        y = jnp.sum(jnp.where(e[:, None], B, 0.0), axis=0) * s
+        u = jnp.sum(jnp.where(e, g, 0.0)) * s
+        A = A - lower[:, None] * lower[None, :]
+        B = B - lower[:, None] * y[None, :]
+        g = g - lower * u
+        ok = (pivot > 0) & (pivot < jnp.inf)
+        return A, B, g, jnp.where(e, s, inv), log_det + jnp.log(pivot), jnp.where(ok, good, 0.0)
+
+    one = jnp.ones((), dtype)
+    A, B, g, inv, log_det, good = jax.lax.fori_loop(
+        0, d, step, (A, B, g, jnp.ones((D,), dtype), one * 0.0, one))
+    L = jnp.where(idx[:, None] >= idx[None, :], A, 0.0) * inv[None, :]
+    return L, inv, B * inv[:, None], g * inv, log_det, good
+
+
+def _wide_row_kernel(meta_ref, ridge_t_ref, htt_ref, htb_ref, gt_ref, S_ref, r_ref, ld_ref,
+                     bad_ref, probe_ref, *, d, D, K):
+    """Stage 1 for one chunk of rows of one atom (``d > 8``): the chunk's ``-sum_i Y_i^T
+    Y_i`` (one ``(K, D) @ (D, K)`` dot per row), ``sum_i Y_i^T u_i``, the rows' log
+    pivots, the first failing chunk-local row and a NaN probe of the rows' inputs."""
+    c = pl.program_id(0)
+    base = c * _BACK_META
+    row0, n, k, cross0, pos = (meta_ref[base + f] for f in range(_BACK_META))
+    ridge_t = ridge_t_ref[pos]
+    dtype = ld_ref.dtype
+
+    def row_step(i, carry):
+        S, rhs, log_det, bad, probe = carry
+        A, B, g = _wide_load_row((htt_ref, htb_ref, gt_ref), row0 + i, i, k, cross0, d, D, K)
+        probe += _nan_probe(A) + _nan_probe(B) + _nan_probe(g)
+        _, _, Y, u, row_log_det, good = _wide_whiten(A, B, g, ridge_t, d)
+        bad = jnp.minimum(bad, jnp.where(good > 0, _NO_ROW, i))
+        return S - _gram(Y), rhs + Y * u[:, None], log_det + row_log_det, bad, probe
+
+    zero = jnp.zeros((), dtype)
+    S, rhs, log_det, bad, probe = jax.lax.fori_loop(
+        0, n, row_step, (jnp.zeros((K, K), dtype), jnp.zeros((D, K), dtype), zero,
+                         jnp.full((), _NO_ROW, jnp.int32), zero))
+    ck = jnp.arange(K, dtype=jnp.int32)
+    whole = ck >= 0
+    _store(S_ref, c * (K * K) + ck[:, None] * K + ck[None, :], S, whole[:, None] & whole[None, :])
+    _store(r_ref, c * K + ck, jnp.sum(rhs, axis=0), whole)
+    ld_ref[c] = log_det
+    bad_ref[c] = bad
+    probe_ref[c] = probe
+
+
+def _wide_back_kernel(*refs, d, D, K):
+    """Stage 3 for one chunk of rows (``d > 8``): ``delta_t_i = -L_i^{-T} (u_i + Y_i
+    delta_beta)``, the transposed solve a loop over the ``d`` rows of ``L_i``."""
+    meta_ref, ridge_t_ref, htt_ref, htb_ref, gt_ref, db_ref = refs[:6]
+    dt_ref = refs[-1]  # after the first K group, the aliased delta_t comes in as well
+    base = pl.program_id(0) * _BACK_META
+    row0, n, k, cross0, pos = (meta_ref[base + f] for f in range(_BACK_META))
+    ck = jnp.arange(K, dtype=jnp.int32)
+    delta_beta = _load(db_ref, pos * K + ck, ck < K, 0.0)
+    ridge_t = ridge_t_ref[pos]
+    idx = jnp.arange(D, dtype=jnp.int32)
+
+    def row_step(i, carry):
+        A, B, g = _wide_load_row((htt_ref, htb_ref, gt_ref), row0 + i, i, k, cross0, d, D, K)
+        L, inv, Y, u, _, _ = _wide_whiten(A, B, g, ridge_t, d)
+
+        def back(t, carry):
+            w, x = carry
+            e = idx == d - 1 - t
+            xp = jnp.sum(jnp.where(e, w * inv, 0.0))
+            w = w - jnp.sum(jnp.where(e[:, None], L, 0.0), axis=0) * xp
+            return w, jnp.where(e, xp, x)
+
+        w = u + jnp.sum(Y * delta_beta[None, :], axis=1)
+        _, x = jax.lax.fori_loop(0, d, back, (w, jnp.zeros_like(w)))
+        _store(dt_ref, (row0 + i) * d + idx, -x, idx < d)
+
+    jax.lax.fori_loop(0, n, row_step, None)
+
+
+def _wide_dim(d: int) -> int:
+    """``d`` padded to a power-of-two tile of at least 16 (the float64 dot minimum)."""
+    return max(_MIN_TILE, next_pow2(d))
+
+
+def _gather_borders(layout, atoms, K, H_bb, g_b):
+    """``(B, K, K)`` symmetric borders from their lower triangles and ``(B, K)`` border
+    gradients of ``atoms``, zero padding; indices built on the device from per-atom
+    offsets (``O(B)`` constants)."""
+    k = jnp.asarray(layout.k_dims[atoms])[:, None]
+    ck = jnp.arange(K)[None, :]
+    i, j = ck[:, :, None], ck[:, None, :]
+    kk = k[:, :, None]
+    hbb = jnp.where((i < kk) & (j < kk), jnp.asarray(layout.hbb_offsets[atoms])[:, None, None]
+                    + jnp.maximum(i, j) * kk + jnp.minimum(i, j), H_bb.size)
+    gb = jnp.where(ck < k, jnp.asarray(layout.border_offsets[atoms])[:, None] + ck, g_b.size)
+    take = functools.partial(jnp.take, mode="fill", fill_value=0)
+    return take(H_bb, hbb), take(g_b, gb)
+
+
+def _wide_row_pass(layout, K, atoms, arrays, ridge_t, *, config, interpret, spare):
+    """Stage 1 over one ``K`` group (``d > 8``): chunk programs, then per-atom segment
+    sums (XLA); returns ``S0``, ``r`` and the statistics :func:`_schur_solve` takes."""
+    d, D = layout.d, _wide_dim(layout.d)
+    dtype = arrays[0].dtype
+    B = atoms.size
+    meta = _back_meta(layout, atoms, config.wide_rows)
+    chunks = meta.size // _BACK_META
+    fields = meta.reshape(-1, _BACK_META)
+    owner = fields[:, 4]
+    H_bb, g_b = _gather_borders(layout, atoms, K, arrays[3], arrays[4])
+    borders_probe = (jnp.sum(H_bb * 0.0, axis=(1, 2)) + jnp.sum(g_b * 0.0, axis=1))
+    if chunks == 0:  # atoms without rows
+        zeros = jnp.zeros((B,), dtype)
+        return (H_bb, -g_b, [zeros, jnp.full((B,), _NO_ROW, jnp.int32), zeros,
+                             borders_probe])
+    sizes = (chunks * K * K, chunks * K, chunks, chunks, chunks)
+    dtypes = (dtype, dtype, dtype, jnp.int32, dtype)
+    outputs = [jax.ShapeDtypeStruct((size + spare,), t) for size, t in zip(sizes, dtypes)]
+    kernel = functools.partial(_wide_row_kernel, d=d, D=D, K=K)
+    S, r, ld, bad, probe = (out[:size] for out, size in zip(
+        _call(kernel, (jnp.asarray(meta), ridge_t[atoms], *arrays[:3]), outputs,
+              interpret=interpret, num_warps=config.wide_warps, programs=chunks), sizes))
+    segment = functools.partial(jax.ops.segment_sum, segment_ids=jnp.asarray(owner),
+                                num_segments=B)
+    S0 = H_bb + segment(S.reshape(chunks, K, K))
+    rhs = segment(r.reshape(chunks, K)) - g_b
+    # the chunk's first row within its atom turns a chunk-local failing row atom-local
+    first_local = fields[:, 0] - layout.row_offsets[atoms[owner]]
+    bad = jnp.where(bad < _NO_ROW, bad + jnp.asarray(first_local, jnp.int32), _NO_ROW)
+    first_bad = jax.ops.segment_min(bad, jnp.asarray(owner), num_segments=B)
+    first_bad = jnp.minimum(first_bad, _NO_ROW)  # atoms without rows
+    # the Gershgorin bump of each atom's first failing row, from its H_tt block
+    row = jnp.asarray(layout.row_offsets[atoms]) + jnp.where(first_bad < _NO_ROW, first_bad, 0)
+    pq = jnp.arange(d * d)
+    blocks = jnp.take(arrays[0], row[:, None] * (d * d) + pq[None, :], mode="fill",
+                      fill_value=0).reshape(B, d, d)
+    bounds = jax.vmap(gershgorin_bounds, in_axes=(0, None))(symmetric_from_lower(blocks),
+                                                            jnp.ones(d, bool))
+    row_bump = gershgorin_ridge_bump(*bounds, ridge_t[atoms], d, float(jnp.finfo(dtype).eps) / 2)
+    probe = segment(probe) + borders_probe
+    return S0, rhs, [segment(ld), first_bad, row_bump, probe]
+
+
+def _wide_back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t, *, config,
+                            interpret):
+    """Stage 3 over one ``K`` group's row chunks (``d > 8``), in place into ``delta_t``."""
+    meta = _back_meta(layout, atoms, config.wide_rows)
+    if not meta.size:
+        return delta_t
+    kernel = functools.partial(_wide_back_kernel, d=layout.d, D=_wide_dim(layout.d), K=K)
+    return _call(kernel, (jnp.asarray(meta), ridge_t[atoms], *arrays[:3],
+                          delta_beta.reshape(-1)), [delta_t], interpret=interpret,
+                 num_warps=config.wide_warps, programs=meta.size // _BACK_META)[0]
+
+
 @functools.partial(jax.jit, static_argnames=("layout", "interpret", "config"))
 def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta,
                         *, interpret: bool = False, config: KernelConfig = KernelConfig()):
@@ -541,14 +749,21 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
     delta_t = jax.ShapeDtypeStruct((layout.num_rows * d + spare,), dtype)
     per_group, order, beta_pad, beta_base = [], [], [], 0
     beta_index = np.zeros(int(layout.border_offsets[-1]), dtype=np.int64)
+    if not layout.uniform:
+        raise ValueError(f"solve_border_pallas takes one d per call, got {layout}")
+    if d > MAX_KERNEL_D:
+        raise ValueError(f"the Pallas kernel takes d <= {MAX_KERNEL_D}, got {d=}")
+    wide = d > MAX_UNROLLED_D
+    row_pass = _wide_row_pass if wide else _row_pass
+    back_substitution = _wide_back_substitution if wide else _back_substitution
     for K, atoms in _group_positions(layout).items():
-        S0, r, stats = _row_pass(layout, K, atoms, arrays, ridge_t, config=config,
-                                 interpret=interpret, spare=spare)
+        S0, r, stats = row_pass(layout, K, atoms, arrays, ridge_t, config=config,
+                                interpret=interpret, spare=spare)
         delta_beta, *per_atom = _schur_solve(S0, r, jnp.asarray(layout.k_dims[atoms]),
                                              ridge_beta[atoms], *stats,
                                              unrolled=not interpret and K <= MAX_UNROLLED_K)
-        delta_t = _back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t,
-                                     config=config, interpret=interpret)
+        delta_t = back_substitution(layout, K, atoms, arrays, ridge_t, delta_beta, delta_t,
+                                    config=config, interpret=interpret)
         per_group.append(per_atom)
         order.append(atoms)
         beta_pad.append(delta_beta.reshape(-1))

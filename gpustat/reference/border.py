@@ -23,13 +23,16 @@ intermediate: an input entry, or (finite inputs, positive definite rows) an entr
 NaN ``delta_t``, ``delta_beta`` and ``log_det``; other atoms are untouched.
 
 The batch layout (:class:`BorderLayout`):
-A batch of ``b`` atoms with ``n_a`` rows each (row dimension ``d``, uniform) and
-border widths ``k_a`` is stored packed, with no padding (spec B.6):
+A batch of ``b`` atoms with ``n_a`` rows each (row dimension ``d`` for the batch, or
+``d_a`` per atom) and border widths ``k_a`` is stored packed, with no padding (spec B.6):
 
 * ``H_tt`` ``(N, d, d)`` and ``g_t`` ``(N, d)`` with ``N = sum_a n_a`` rows, atom ``a``
-  owning rows ``row_offsets[a]:row_offsets[a + 1]``;
-* ``H_tb`` flat ``(sum_a n_a d k_a,)``: atom ``a``'s rows from ``cross_offsets[a]``, each
-  row's ``d x k_a`` block row-major;
+  owning rows ``row_offsets[a]:row_offsets[a + 1]``; with per-atom ``d_a`` both flat,
+  ``(sum_a n_a d_a^2,)`` from ``tt_offsets[a]`` and ``(sum_a n_a d_a,)`` from
+  ``gt_offsets[a]`` (a mixed-``d`` batch solves one group per distinct ``d``,
+  :func:`solve_by_dim`);
+* ``H_tb`` flat ``(sum_a n_a d_a k_a,)``: atom ``a``'s rows from ``cross_offsets[a]``, each
+  row's ``d_a x k_a`` block row-major;
 * ``H_bb`` flat ``(sum_a k_a^2,)`` from ``hbb_offsets[a]``, row-major ``k_a x k_a``;
 * ``g_b`` flat ``(sum_a k_a,)`` from ``border_offsets[a]``.
 
@@ -65,6 +68,7 @@ __all__ = [
     "row_bump",
     "schur_overflow",
     "solve_border_reference",
+    "solve_by_dim",
     "symmetric_from_lower",
 ]
 
@@ -80,16 +84,19 @@ def _prefix(sizes: np.ndarray) -> np.ndarray:
 class BorderLayout:
     """Row counts ``n_rows`` ``(b,)``, border widths ``k_dims`` ``(b,)`` and row dimension ``d``.
 
-    Equality and hashing go by content, so two batches with the same structure
-    share one compiled solve.
+    ``d`` is an integer >= 1 (uniform: ``H_tt`` packs as ``(N, d, d)`` and ``g_t`` as
+    ``(N, d)``) or a ``(b,)`` integer array of per-atom row dimensions ``d_a >= 1`` (mixed:
+    ``H_tt`` packs flat as ``(sum_a n_a d_a^2,)`` and ``g_t`` as ``(sum_a n_a d_a,)``, each
+    row's ``d_a x d_a`` block row-major, atom ``a``'s from ``tt_offsets[a]`` and
+    ``gt_offsets[a]``). Equality and hashing go by content, so two batches with the same
+    structure share one compiled solve.
     """
 
-    d: int
+    d: int | np.ndarray
     n_rows: np.ndarray
     k_dims: np.ndarray
 
     def __post_init__(self):
-        object.__setattr__(self, "d", check_int(self.d, "d", 1))
         for name in ("n_rows", "k_dims"):
             counts = np.asarray(getattr(self, name))
             if counts.size and not np.issubdtype(counts.dtype, np.integer):
@@ -101,13 +108,32 @@ class BorderLayout:
                              f"length, got {self.n_rows.shape} and {self.k_dims.shape}")
         if self.n_rows.size and min(self.n_rows.min(), self.k_dims.min()) < 0:
             raise ValueError("BorderLayout: n_rows and k_dims must be >= 0")
+        if np.ndim(self.d) == 0:
+            object.__setattr__(self, "d", check_int(self.d, "d", 1))
+        else:
+            dims = np.asarray(self.d)
+            if dims.size and not np.issubdtype(dims.dtype, np.integer):
+                raise TypeError(f"BorderLayout: per-atom d must be integers, got {dims.dtype=}")
+            if dims.shape != self.n_rows.shape:
+                raise ValueError(f"BorderLayout: per-atom d must have shape "
+                                 f"{self.n_rows.shape}, got {dims.shape}")
+            if dims.size and dims.min() < 1:
+                raise ValueError(f"BorderLayout: per-atom d must be >= 1, got min {dims.min()}")
+            dims = dims.astype(np.int64)
+            dims.setflags(write=False)
+            object.__setattr__(self, "d", dims)
         self.n_rows.setflags(write=False)
         self.k_dims.setflags(write=False)
 
     @functools.cached_property
     def _digest(self) -> bytes:
         h = hashlib.blake2b(digest_size=16)
-        h.update(np.int64(self.d).tobytes())
+        if self.uniform:
+            h.update(np.int64(self.d).tobytes())
+        else:
+            h.update(b"mixed")
+            h.update(self.d.tobytes())
+        h.update(b"|")
         h.update(self.n_rows.tobytes())
         h.update(b"|")
         h.update(self.k_dims.tobytes())
@@ -120,8 +146,23 @@ class BorderLayout:
         return isinstance(other, BorderLayout) and self._digest == other._digest
 
     def __repr__(self) -> str:
-        return (f"BorderLayout(atoms={self.num_atoms}, rows={self.num_rows}, d={self.d}, "
+        d = self.d if self.uniform else f"{sorted(set(self.d.tolist()))} (mixed)"
+        return (f"BorderLayout(atoms={self.num_atoms}, rows={self.num_rows}, d={d}, "
                 f"max_rows={self.max_rows}, max_border={self.max_border})")
+
+    @property
+    def uniform(self) -> bool:
+        """Whether ``d`` is one integer for the whole batch (``(N, d, d)`` packing)."""
+        return isinstance(self.d, int)
+
+    @functools.cached_property
+    def row_dims(self) -> np.ndarray:
+        """``(b,)`` row dimension of each atom."""
+        return np.full(self.num_atoms, self.d, np.int64) if self.uniform else self.d
+
+    @property
+    def max_d(self) -> int:
+        return int(self.row_dims.max(initial=0))
 
     @property
     def num_atoms(self) -> int:
@@ -145,9 +186,19 @@ class BorderLayout:
         return _prefix(self.n_rows)
 
     @functools.cached_property
+    def tt_offsets(self) -> np.ndarray:
+        """``(b + 1,)`` first flat ``H_tt`` entry of each atom."""
+        return _prefix(self.n_rows * self.row_dims**2)
+
+    @functools.cached_property
+    def gt_offsets(self) -> np.ndarray:
+        """``(b + 1,)`` first flat ``g_t`` / ``delta_t`` entry of each atom."""
+        return _prefix(self.n_rows * self.row_dims)
+
+    @functools.cached_property
     def cross_offsets(self) -> np.ndarray:
         """``(b + 1,)`` first flat ``H_tb`` entry of each atom."""
-        return _prefix(self.n_rows * self.d * self.k_dims)
+        return _prefix(self.n_rows * self.row_dims * self.k_dims)
 
     @functools.cached_property
     def hbb_offsets(self) -> np.ndarray:
@@ -161,22 +212,43 @@ class BorderLayout:
 
     def packed_sizes(self) -> dict[str, tuple[int, ...]]:
         """Expected shape of every packed array."""
+        if self.uniform:
+            tt, gt = (self.num_rows, self.d, self.d), (self.num_rows, self.d)
+        else:
+            tt, gt = (int(self.tt_offsets[-1]),), (int(self.gt_offsets[-1]),)
         return {
-            "H_tt": (self.num_rows, self.d, self.d),
+            "H_tt": tt,
             "H_tb": (int(self.cross_offsets[-1]),),
-            "g_t": (self.num_rows, self.d),
+            "g_t": gt,
             "H_bb": (int(self.hbb_offsets[-1]),),
             "g_b": (int(self.border_offsets[-1]),),
         }
 
     def subset(self, atoms: np.ndarray) -> BorderLayout:
-        """Layout of the atoms ``atoms`` (in that order)."""
+        """Layout of the atoms ``atoms`` (in that order); a mixed layout stays mixed."""
         atoms = np.asarray(atoms, dtype=np.int64)
-        return BorderLayout(self.d, self.n_rows[atoms], self.k_dims[atoms])
+        d = self.d if self.uniform else self.d[atoms]
+        return BorderLayout(d, self.n_rows[atoms], self.k_dims[atoms])
+
+    def dim_groups(self) -> list[tuple[int, np.ndarray]]:
+        """``[(d, atoms)]``: the atoms of each distinct row dimension, ascending."""
+        dims = self.row_dims
+        return [(int(d), np.flatnonzero(dims == d)) for d in np.unique(dims)]
 
     def row_index(self, atoms: np.ndarray) -> np.ndarray:
         """Packed row indices of ``atoms``, concatenated in that order."""
         return _ranges(self.row_offsets, atoms)
+
+    def tt_index(self, atoms: np.ndarray) -> np.ndarray:
+        return _ranges(self.tt_offsets, atoms)
+
+    def gt_index(self, atoms: np.ndarray) -> np.ndarray:
+        return _ranges(self.gt_offsets, atoms)
+
+    def step_index(self, atoms: np.ndarray) -> np.ndarray:
+        """Indices of ``atoms`` along the first axis of ``g_t`` / ``delta_t`` (rows when
+        uniform, flat entries when mixed)."""
+        return self.row_index(atoms) if self.uniform else self.gt_index(atoms)
 
     def cross_index(self, atoms: np.ndarray) -> np.ndarray:
         return _ranges(self.cross_offsets, atoms)
@@ -353,20 +425,55 @@ def _bucket_indices(layout: BorderLayout, atoms: np.ndarray, n_pad: int, k_pad: 
     return rows, cross, hbb, border
 
 
+def solve_by_dim(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta, solve):
+    """Solve a mixed-``d`` batch one row dimension at a time.
+
+    ``solve(sub_layout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta)`` runs on the
+    uniform sub-batch of every distinct ``d`` (``H_tt (N_d, d, d)``, ``g_t (N_d, d)``) and
+    returns the six outputs of :func:`solve_border_reference`; they are put back in the
+    packed order, ``delta_t`` flat ``(sum_a n_a d_a,)``.
+    """
+    H_tt, g_t = jnp.reshape(H_tt, -1), jnp.reshape(g_t, -1)
+    parts, steps, borders, atom_order = [], [], [], []
+    for d, atoms in layout.dim_groups():
+        sub = BorderLayout(d, layout.n_rows[atoms], layout.k_dims[atoms])
+        out = solve(sub, H_tt[layout.tt_index(atoms)].reshape(-1, d, d),
+                    H_tb[layout.cross_index(atoms)], g_t[layout.gt_index(atoms)].reshape(-1, d),
+                    H_bb[layout.hbb_index(atoms)], g_b[layout.border_index(atoms)],
+                    ridge_t[atoms], ridge_beta[atoms])
+        parts.append((out[0].reshape(-1), *out[1:]))
+        steps.append(layout.gt_index(atoms))
+        borders.append(layout.border_index(atoms))
+        atom_order.append(atoms)
+    if not parts:
+        zeros = jnp.zeros(0, H_tt.dtype)
+        empty = jnp.zeros(0, jnp.int32)
+        return zeros, zeros, zeros, empty, empty, zeros
+    inverse = [np.argsort(np.concatenate(order)) for order in (steps, borders)]
+    inverse += [np.argsort(np.concatenate(atom_order))] * 4
+    return tuple(jnp.concatenate(column)[inv] for column, inv in zip(zip(*parts), inverse))
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def solve_border_reference(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta):
     """Solve every atom of a packed batch (see :mod:`gpustat.reference.border` for the layout).
 
     Args:
-        layout: the static batch layout (b atoms, N rows, row dimension d).
-        H_tt: ``(N, d, d)`` row blocks. H_tb: flat cross blocks. g_t: ``(N, d)``.
+        layout: the static batch layout (b atoms, N rows, row dimension d, uniform or
+            per atom).
+        H_tt: ``(N, d, d)`` row blocks (flat when ``d`` is per atom). H_tb: flat cross
+            blocks. g_t: ``(N, d)`` (flat when ``d`` is per atom).
         H_bb: flat borders. g_b: flat border gradients.
         ridge_t, ridge_beta: ``(b,)`` per-atom ridges.
 
     Returns:
-        ``delta_t (N, d)``, ``delta_beta`` flat, ``log_det (b,)``, ``status (b,)`` int32,
-        ``row (b,)`` int32, ``bump (b,)``.
+        ``delta_t (N, d)`` (flat ``(sum_a n_a d_a,)`` when ``d`` is per atom),
+        ``delta_beta`` flat, ``log_det (b,)``, ``status (b,)`` int32, ``row (b,)`` int32,
+        ``bump (b,)``.
     """
+    if not layout.uniform:
+        return solve_by_dim(layout, H_tt, H_tb, g_t, H_bb, g_b, ridge_t, ridge_beta,
+                            solve_border_reference)
     dtype = H_tt.dtype
     d = layout.d
     delta_t = jnp.zeros((layout.num_rows, d), dtype)

@@ -86,20 +86,23 @@ def bms_cases() -> list[LoweringCase]:
 
 
 def border_cases() -> list[LoweringCase]:
-    """One small ragged layout per dtype: one-chunk atoms (K 16 and 32) and streamed atoms."""
+    """One small ragged layout per dtype and row dimension: one-chunk atoms (K 16 and 32)
+    and streamed atoms; d = 2 unrolls the row factorisation, d = 16 and 32 loop over it
+    (row tiles padded to 16 and 32)."""
     from gpustat.pallas.border import solve_border_pallas
     from gpustat.reference.border import BorderLayout
 
     cases = []
-    layout = BorderLayout(2, np.array([3, 40, 1, 20, 200]), np.array([2, 5, 1, 20, 17]))
-    for dtype in (jnp.float32, jnp.float64):
-        sizes = layout.packed_sizes()
-        args = [jax.ShapeDtypeStruct(sizes[name], dtype)
-                for name in ("H_tt", "H_tb", "g_t", "H_bb", "g_b")]
-        args += [jax.ShapeDtypeStruct((layout.num_atoms,), dtype)] * 2
-        cases.append(LoweringCase(
-            "border", f"solve_border_{jnp.dtype(dtype).name}",
-            lambda *a: solve_border_pallas(layout, *a), args))
+    for d in (2, 16, 32):
+        layout = BorderLayout(d, np.array([3, 40, 1, 20, 200]), np.array([2, 5, 1, 20, 17]))
+        for dtype in (jnp.float32, jnp.float64):
+            sizes = layout.packed_sizes()
+            args = [jax.ShapeDtypeStruct(sizes[name], dtype)
+                    for name in ("H_tt", "H_tb", "g_t", "H_bb", "g_b")]
+            args += [jax.ShapeDtypeStruct((layout.num_atoms,), dtype)] * 2
+            name = f"solve_border_{jnp.dtype(dtype).name}" + ("" if d == 2 else f"_d{d}")
+            cases.append(LoweringCase(
+                "border", name, functools.partial(solve_border_pallas, layout), args))
     return cases
 
 
