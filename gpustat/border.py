@@ -345,7 +345,7 @@ def solve_batched_border(batch: BorderBatch, ridge_t, ridge_beta, *,
             the usual case) or ``(b,)`` per atom (what :func:`retry_failed` uses).
         ridge_beta: ``rho_b >= 0`` added to every border's diagonal, scalar or ``(b,)``.
         backend: ``"auto"`` (a kernel on a CUDA GPU: for ``d <= 8`` the fused Triton
-            kernel where jax-triton is installed and the benchmarks measured it faster,
+            kernel where jax-triton is installed (``gpustat._backend.AUTO_RULES``),
             else the Pallas one, which also takes ``8 < d <= 32``; the reference
             elsewhere), ``"pallas"`` (``d <= 32``), ``"triton"`` (``d <= 8``),
             ``"interpret"`` or ``"reference"``.

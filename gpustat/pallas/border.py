@@ -14,8 +14,8 @@
    ``S = S0 + ridge_beta I`` (identity padding); for ``K = 16`` on a GPU the Cholesky of
    every ``S``
    and both triangular solves, unrolled over the static ``K`` on ``(B,)`` vectors of atoms
-   (every step elementwise across atoms, which XLA fuses: 0.62 ms on the H100 at
-   B = 100k against 1.57 ms for ``lax.linalg.cholesky`` + two batched triangular solves);
+   (every step elementwise across atoms, which XLA fuses into far fewer launches than
+   ``lax.linalg.cholesky`` + two batched triangular solves);
    for ``K = 32`` and in interpret mode the batched calls (XLA compiles the unrolled
    ``K = 32`` form in tens of seconds); then the log-determinant and the per-atom status.
    The serial ``K``-step factorisation is off the per-atom critical path of stage 1.
@@ -97,13 +97,9 @@ class KernelConfig:
     ``back_warps`` warps. For ``d > 8`` both passes run one program per chunk of
     ``wide_rows`` rows at ``wide_warps`` warps.
 
-    Default = the fastest measured (H100, B = 100k, d = 2, k_a in [4, 12], 10 solves back
-    to back, ``benchmarks/results/nvidia-h100-80gb-hbm3/border.jsonl``, commit 57462a9):
-    16-row cap at 2 warps (``elems_per_warp = 128``) 3.40 ms, at 1 warp 3.54 ms; a 32-row
-    cap 5.67 ms at 1 warp and 4.06 ms at 2 (A/B), 64-row 37.6 ms (the per-lane
-    ``(rows, K)`` accumulators of the row pass spill; at f85dc64, before the
-    log-determinant lost its per-pivot logarithms, 4 warps took 4.24 ms and the 32-row cap
-    30.4 ms).
+    Defaults: a 16-row cap at 2 warps (``elems_per_warp = 128``), the fastest setting of
+    ``bench_border``'s sweep on the benchmark batch (d = 2, k_a in [4, 12]); wider row
+    blocks spill the row pass's per-lane ``(rows, K)`` accumulators.
     """
 
     tile_elems: int = 4096
@@ -452,8 +448,8 @@ def _schur_solve(S0, rhs, k, ridge_beta, row_log_det, first_bad, row_bump, probe
     one ``K`` group (XLA): the Gershgorin bump of ``S0`` (spec B.5), then the solve with
     ``S = S0 + ridge_beta I`` and identity padding.
 
-    ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path for K <= 16: 0.62
-    vs 1.57 ms for the batched LAPACK-style calls on the H100 at B = 100k, K = 16) or
+    ``unrolled`` picks :func:`_unrolled_cholesky_solve` (the GPU path for K <= 16, faster
+    than the batched LAPACK-style calls there) or
     :func:`_batched_cholesky_solve` (K = 32, and interpret mode: XLA's CPU compiler takes
     seconds over the unrolled form, which its own test covers). Returns padded
     ``delta_beta (B, K)`` (NaN rows for failed atoms), ``log_det``, ``status``, ``row`` and

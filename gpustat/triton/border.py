@@ -39,23 +39,21 @@ of :mod:`gpustat.reference.border`.
 
 Loads. Lane ``i`` reads row ``i``, so the rows' loads are uncoalesced (an Nsight Compute
 profile of the ``k = 12`` launch: the L1 data pipe 75 % busy, most of it these loads); fewer
-load instructions paid, but coalesced tiles and shared-memory staging measured slower
-(``docs/border.md``). In a launch of one ``k <= 12`` on one warp (``FIXED_K``,
+load instructions paid, but coalesced tiles and shared-memory staging were slower
+(``benchmarks/results/*/probes/border_*.md``). In a launch of one ``k <= 12`` on one warp (``FIXED_K``,
 :func:`_chunk_fixed_k`), each row's ``H_tb`` block of ``d k`` contiguous entries loads as a
 tuple of vectors, 16 bytes a lane for even ``d`` (every block then starts at an even
 offset), and whitens column by column; the ``Y`` tiles for the dots are assembled in
 registers (:func:`_stack16`). ``H_tt``, ``g_t`` and ``delta_t`` move in pairs too for even
-``d`` (:func:`_row_entries`). On the benchmark batch this took the solve from 1.200 to
-1.036 ms on an H100.
+``d`` (:func:`_row_entries`), which shortens the solve of the benchmark batch.
 
 Layout of the runtime-``k`` path: the ``H_tb`` tiles' column offsets pass through a PTX
 move (:func:`_opaque`),
 which hides their contiguity from Triton's coalescing pass, so it lays a tile out one row
 per thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. The rows'
 scalar work (``d`` square roots and the whitening factors) then runs once per row instead
-of 16 times (probes of the row pass alone: 1.73 ms with a row across 16 threads on an
-H100, 0.79 ms one row a thread on an H200; ``docs/border.md`` has the timings and what
-was tried). ptxas still sees the constant offsets and folds them into the loads' address
+of 16 times (the probe records ``benchmarks/results/*/probes/border_*.md`` have the
+timings and what was tried). ptxas still sees the constant offsets and folds them into the loads' address
 immediates: a tile element costs its load, a predicate and a zero, not an address. (An
 earlier form multiplied the columns by a runtime 1; Triton's interpreter, which has no
 inline assembly, still does.) Index arithmetic is int32, as in the Pallas kernels
@@ -508,8 +506,7 @@ def _scalar_schur(A, z, scratch, SCHUR_DIM: tl.constexpr, K: tl.constexpr):
     block (identity padding past ``k``), in scalars: the tile's lower triangle and ``z`` go
     through this program's ``scratch`` and come back as scalars in every lane, so the
     factorisation is a chain of registers with no cross-lane step (each Gauss-Jordan step
-    on the tile is a set of cross-lane reductions; on the benchmark batch this took the
-    solve from 1.445 to 1.394 ms on an H100)."""
+    on the tile is a set of cross-lane reductions, slower on the benchmark batch)."""
     cols = tl.arange(0, K)
     ii = cols[:, None]
     jj = cols[None, :]
