@@ -33,7 +33,8 @@ from gpustat.mixture_fit import (
     online_params,
 )
 from gpustat.mixture_init import INIT_METHODS, initialize
-from gpustat.mixture_ops import log_prob, mvn_logpdf
+from gpustat.mixture_mstep import m_step
+from gpustat.mixture_ops import log_prob, mvn_logpdf, suff_stats
 from gpustat.mixture_params import COVARIANCE_TYPES, MixtureParams
 from gpustat.mixture_validation import (
     PRECISION_CHOICES,
@@ -48,6 +49,41 @@ _COLLAPSE_MESSAGE = (
     "Fitting the mixture model failed because some components have ill-defined empirical "
     "covariance (for instance caused by singleton or collapsed samples). Try to decrease "
     "the number of components, increase reg_covar, or scale the input data.")
+
+
+def _collapse_message(X, params: MixtureParams, reg_covar: float, settings: dict) -> str:
+    """Which component's covariance is not positive definite after the E-step at
+    ``params`` (the last good iteration), and why: its scatter about its own mean, the
+    smallest eigenvalue (or variance) of that scatter and reg_covar. ``settings``: the
+    backend and precision of a density op (:meth:`GaussianMixture._density_settings`)."""
+    kind = params.covariance_type
+    factors = np.asarray(params.precisions_cholesky)
+    factors = factors.reshape(1 if kind == "tied" else params.n_components, -1)
+    bad = np.flatnonzero(~np.all(np.isfinite(factors), axis=1))
+    if bad.size:  # the iterations never started
+        what = "the tied covariance" if kind == "tied" else f"component {int(bad[0])}"
+        return (f"Fitting the mixture model failed: the initial {kind} covariance of {what} "
+                f"is not positive definite (an initial cluster on a lower-dimensional set, "
+                f"e.g. one repeated point, with reg_covar={reg_covar!r}). Increase "
+                f"reg_covar, pass precisions_init, or decrease n_components.")
+    stats = suff_stats(X, params, pivot=params.means, **settings)
+    scatter = np.asarray(m_step(stats, covariance_type=kind, reg_covar=0.0,
+                                pivot=params.means).covariances, dtype=np.float64)
+    if kind in ("full", "tied"):
+        smallest = np.linalg.eigvalsh(scatter)[..., 0]
+    else:
+        smallest = scatter.min(axis=-1) if kind == "diag" else scatter
+    what = "the tied covariance" if kind == "tied" else None
+    if what is None:
+        j = int(np.argmin(smallest))
+        smallest = smallest[j]
+        what = (f"component {j} (responsibility {float(stats.counts[j]):.4g} of "
+                f"{X.shape[0]} rows)")
+    return (f"Fitting the mixture model failed: the {kind} covariance of {what} is not "
+            f"positive definite: the smallest eigenvalue of its scatter about its mean is "
+            f"{float(smallest):.3g}, and reg_covar={reg_covar!r} does not lift it above 0 "
+            f"in {X.dtype} (its rows lie on a lower-dimensional set, e.g. one repeated "
+            f"point). Increase reg_covar or decrease n_components.")
 
 
 def _is_real(value) -> bool:
@@ -281,7 +317,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                         backend=self.backend, precision=self.precision,
                         report_every=int(self.verbose_interval) if self.verbose else 0)
         if int(result.status) != STATUS_OK:
-            raise ValueError(_COLLAPSE_MESSAGE)
+            raise ValueError(_collapse_message(X, result.params, self.reg_covar,
+                                               self._density_settings()))
         self.n_features_in_ = X.shape[1]
         self._set_fitted(result.params)
         self.__dict__.pop("_online_state", None)  # partial_fit restarts from these params

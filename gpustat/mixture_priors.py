@@ -125,14 +125,16 @@ def check_component_prior(prior, n_features: int, dtype):
     return _in_dtype(prior, dtype)
 
 
-def niw_posterior(prior: NIWPrior, stats: SuffStats):
-    """(kappa_n (k,), m_n (k, p), nu_n (k,), Phi_n (k, p, p)) of every component."""
+def niw_posterior(prior: NIWPrior, stats: SuffStats, pivot=None):
+    """(kappa_n (k,), m_n (k, p), nu_n (k,), Phi_n (k, p, p)) of every component; with
+    ``pivot`` (k, p), ``stats`` are about it (:func:`gpustat.mixture.m_step`)."""
     n = stats.counts
     safe_n = jnp.where(n > 0, n, 1)
-    xbar = stats.sum_x / safe_n[:, None]
-    scatter = stats.sum_xx - n[:, None, None] * xbar[:, :, None] * xbar[:, None, :]
+    offset = stats.sum_x / safe_n[:, None]  # xbar - pivot
+    scatter = stats.sum_xx - n[:, None, None] * offset[:, :, None] * offset[:, None, :]
+    xbar = offset if pivot is None else pivot + offset
     kappa_n = prior.kappa + n
-    m_n = (prior.kappa * prior.mean + stats.sum_x) / kappa_n[:, None]
+    m_n = (prior.kappa * prior.mean + n[:, None] * xbar) / kappa_n[:, None]
     d = xbar - prior.mean
     shrink = prior.kappa * n / kappa_n
     phi_n = prior.scale + scatter + shrink[:, None, None] * d[:, :, None] * d[:, None, :]

@@ -85,6 +85,10 @@ PRECISIONS = {
 }
 MOMENTS = ("full", "packed")
 ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
+# The centred statistics pass (a pivot per component): one (P, block_n) x (block_n, P)
+# product per component of the block, unrolled, so block_k is small. Not yet swept on a GPU.
+_CENTRED_BLOCKS = {"block_n": 32, "block_k": 8, "tiles_per_program": 64, "num_warps": 4,
+                   "num_stages": 1}
 # Kernel settings of the density pass and of the statistics passes per float32 precision
 # and for float64 (num_stages: Triton's software pipelining of the row-tile loop).
 # Sampling regroups the density pass's block lse into the statistics pass's blocks, so
@@ -99,6 +103,7 @@ DEFAULT_BLOCKS = {
                     "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 64, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
     # "highest": IEEE fp32 dots keep their operands in registers: small statistics tiles
     # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
@@ -116,6 +121,7 @@ DEFAULT_BLOCKS = {
                     "num_stages": 3},
         "stats": {"block_n": 16, "block_k": 64, "tiles_per_program": 128, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
     # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (probe on 6464b11): density pass
     # 6.6 ms at 64 x 16 (6.7-7.9 ms at 64 x 32, 32 x 32, 32 x 64, 8 warps); E-step 14.4 ms
@@ -126,6 +132,7 @@ DEFAULT_BLOCKS = {
                     "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
 }
 
@@ -286,6 +293,52 @@ def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loo
     _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
+def _centred_stats_kernel(xt_ref, x_ref, w_ref, lse_ref, logits_ref, pivot_ref, pivot_t_ref,
+                          counts_ref, s1_ref, s2_ref, *, block_n, block_k,
+                          tiles_per_program, n_tiles, algorithm):
+    """Statistics about a pivot c_j per component: N_j, sum r (x - c_j) and
+    sum r (x - c_j)(x - c_j)^T, each deviation formed before its product (float32 keeps
+    the small eigenvalues of components far from the origin).
+
+    Per row tile: r (block_n, block_k) as in :func:`_suff_stats_kernel`; S1' takes one
+    product X^T r less c_j N_j of the tile (the tile's sums stay near the deviations);
+    S2'_j one (P, block_n) x (block_n, P) product (x - c_j)^T diag(r_j) (x - c_j) per
+    component j of the block (unrolled), r_j picked out of r by a masked row sum.
+    """
+    kb = pl.program_id(0)
+    cols = pl.ds(kb * block_k, block_k)
+    P = xt_ref.shape[0]
+    dtype = xt_ref.dtype
+    pivots = [pivot_ref[kb * block_k + j, :] for j in range(block_k)]  # (P,) each
+    pivot_t = pivot_t_ref[:, cols]  # (P, block_k)
+    component = jax.lax.broadcasted_iota(jnp.int32, (block_n, block_k), 1)
+
+    def body(t, acc):
+        counts, s1, s2 = acc
+        rows = pl.ds(t * block_n, block_n)
+        r = jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None]) * w_ref[rows][:, None]
+        xt = xt_ref[:, rows]
+        x = x_ref[rows, :]
+        tile_counts = jnp.sum(r, axis=0)
+        s1 = s1 + (_dot(xt, r, algorithm) - pivot_t * tile_counts[None, :])
+        new_s2 = []
+        for j in range(block_k):  # static
+            r_j = jnp.sum(jnp.where(component == j, r, 0.0), axis=1)
+            y_t = (xt - pivots[j][:, None]) * r_j[None, :]
+            new_s2.append(s2[j] + _dot(y_t, x - pivots[j][None, :], algorithm))
+        return counts + tile_counts, s1, tuple(new_s2)
+
+    init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
+            tuple(jnp.zeros((P, P), dtype) for _ in range(block_k)))
+    counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
+                                n_tiles=n_tiles)
+    g = pl.program_id(1)
+    counts_ref[g, cols] = counts
+    s1_ref[g, :, cols] = s1
+    for j in range(block_k):
+        s2_ref[g, kb * block_k + j, :, :] = s2[j]
+
+
 def _draw_kernel(u_ref, lse_ref, start_ref, landing_ref, logits_ref, label_ref, *, block_n,
                  block_k, tiles_per_program, n_tiles, n_components):
     """Inverse-CDF label of each row whose uniform lands in component block kb (0 in the
@@ -364,18 +417,21 @@ class _Layout:
     """Padding shared by the density and statistics passes of one row chunk (n rows)."""
 
     def __init__(self, n, p, n_components, dtype, *, precision, interpret,
-                 density_blocks=None, stats_blocks=None):
+                 density_blocks=None, stats_blocks=None, centred_blocks=None):
         defaults = default_blocks(dtype, precision)
         density = _settings(defaults["density"], density_blocks)
         stats = _settings(defaults["stats"], stats_blocks)
+        centred = _settings(defaults["centred"], centred_blocks)
         self.n, self.p, self.k = n, p, n_components
         self.P = padded_features(p)
-        row_multiple = max(density["block_n"], stats["block_n"])
-        col_multiple = max(density["block_k"], stats["block_k"])
+        passes = (density, stats, centred)  # block sizes are powers of two
+        row_multiple = max(s["block_n"] for s in passes)
+        col_multiple = max(s["block_k"] for s in passes)
         self.n_pad = -(-n // row_multiple) * row_multiple
         self.K = -(-n_components // col_multiple) * col_multiple
         self.density = _Pass(density, self.n_pad, self.K)
         self.stats = _Pass(stats, self.n_pad, self.K)
+        self.centred = _Pass(centred, self.n_pad, self.K)
         self.moments = stats["moments"]
         self.packed = self.moments == "packed"
         self.algorithm = _dot_algorithm(dtype, precision)
@@ -411,6 +467,21 @@ class _Layout:
                jax.ShapeDtypeStruct((groups, s2_rows, self.K), self.dtype)]
         return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
                                algorithm=self.algorithm, moments=self.moments, **static)
+
+    def centred_stats(self, Xp, w, lse, logits, pivot, loglik) -> SuffStats:
+        """:class:`SuffStats` about the pivots (k, p) (:func:`_centred_stats_kernel`)."""
+        P, K = self.P, self.K
+        pivot = jnp.pad(pivot.astype(self.dtype), ((0, K - self.k), (0, P - self.p)))
+        groups = self.centred.grid[1]
+        out = [jax.ShapeDtypeStruct((groups, K), self.dtype),
+               jax.ShapeDtypeStruct((groups, P, K), self.dtype),
+               jax.ShapeDtypeStruct((groups, K, P, P), self.dtype)]
+        counts, s1, s2 = self.centred.call(
+            _centred_stats_kernel, (Xp.T, Xp, w, lse, logits, pivot, pivot.T), out,
+            interpret=self.interpret, algorithm=self.algorithm)
+        k, p = self.k, self.p
+        return SuffStats(counts.sum(0)[:k], s1.sum(0)[:p, :k].T, s2.sum(0)[:k, :p, :p],
+                         loglik)
 
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
         """Sum the per-group partials, mirror packed second moments and cut the padding."""
@@ -464,22 +535,27 @@ def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret:
     return jax.nn.logsumexp(part, axis=0)[:layout.n]
 
 
-def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str = "highest",
-               interpret: bool = False, rows_per_chunk: int = ROWS_PER_CHUNK,
-               density_blocks: dict | None = None, stats_blocks: dict | None = None
+def suff_stats(X, params: MixtureParams, sample_weight=None, pivot=None, *,
+               precision: str = "highest", interpret: bool = False,
+               rows_per_chunk: int = ROWS_PER_CHUNK, density_blocks: dict | None = None,
+               stats_blocks: dict | None = None, centred_blocks: dict | None = None
                ) -> SuffStats:
     """Fused E-step statistics per row chunk: the density pass (logits and block lse), then
-    the statistics pass over the stored logits."""
+    the statistics pass over the stored logits: about the origin, or with ``pivot`` (k, p)
+    about c_j per component (:func:`_centred_stats_kernel`, settings ``centred_blocks``)."""
     def chunk(Xc, wc):
         layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
                          interpret=interpret, density_blocks=density_blocks,
-                         stats_blocks=stats_blocks)
+                         stats_blocks=stats_blocks, centred_blocks=centred_blocks)
         Xp = layout.padded_x(Xc)
         part, logits = layout.density_pass(Xp, layout.coefficients(params), store_logits=True)
         lse = jax.nn.logsumexp(part, axis=0)
         w = layout.pad_rows(wc)
+        loglik = jnp.sum(w * lse)
+        if pivot is not None:
+            return (layout.centred_stats(Xp, w, lse, logits, pivot, loglik),)
         partials = layout.stats_pass(_suff_stats_kernel, Xp, (w, lse, logits))
-        return (layout.sum_stats(*partials, jnp.sum(w * lse)),)
+        return (layout.sum_stats(*partials, loglik),)
 
     return _over_chunks(chunk, rows_per_chunk, (X, _unit_weights(X, sample_weight)))[0]
 
@@ -601,6 +677,9 @@ def _register_lowering_cases() -> None:
             X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),
         "suff_stats_small_blocks": lambda X, prm: suff_stats(
             X, prm, density_blocks=small, stats_blocks=small),
+        "suff_stats_centred": lambda X, prm: suff_stats(X, prm, pivot=prm.means),
+        "suff_stats_centred_tf32x3": lambda X, prm: suff_stats(X, prm, pivot=prm.means,
+                                                               precision="tf32x3"),
         "mvn_logpdf": lambda X, prm: mvn_logpdf(X, prm),
         "sample_labels_with_stats": lambda X, prm: sample_labels_with_stats(
             jax.random.key(0), X, prm),

@@ -100,8 +100,17 @@ def _chunked_stats(chunk_fn, batch_size, X, *row_arrays):
                              first)
 
 
-def _stats_of(X, resp, loglik):
-    """SuffStats of one chunk from its (already weighted) responsibilities (c, k)."""
+def _stats_of(X, resp, loglik, pivot=None):
+    """SuffStats of one chunk from its (already weighted) responsibilities (c, k); with a
+    pivot (k, p), of the deviations x - c_j from component j's pivot."""
+    if pivot is not None:
+        Y = X[:, None, :] - pivot[None, :, :]  # (c, k, p)
+        return SuffStats(
+            counts=jnp.sum(resp, axis=0),
+            sum_x=jnp.einsum("ck,cka->ka", resp, Y, precision=_EXACT),
+            sum_xx=jnp.einsum("ck,cka,ckb->kab", resp, Y, Y, precision=_EXACT),
+            loglik=loglik,
+        )
     return SuffStats(
         counts=jnp.sum(resp, axis=0),
         sum_x=jnp.matmul(resp.T, X, precision=_EXACT),
@@ -114,16 +123,22 @@ def _unit_weights(X, sample_weight):
     return jnp.ones(X.shape[0], X.dtype) if sample_weight is None else sample_weight
 
 
-def suff_stats(X, params: MixtureParams, sample_weight=None, *,
+def suff_stats(X, params: MixtureParams, sample_weight=None, pivot=None, *,
                batch_size: int = DEFAULT_BATCH_SIZE) -> SuffStats:
-    """E-step statistics (N, sum r x, sum r x x^T, sum w log p) accumulated over row chunks."""
+    """E-step statistics (N, sum r x, sum r x x^T, sum w log p) accumulated over row chunks.
+
+    With ``pivot`` (k, p) the moments are centred per component: sum_i r_ij (x_i - c_j)
+    and sum_i r_ij (x_i - c_j)(x_i - c_j)^T, each deviation formed before its product, so
+    that a covariance S2'/N - d d^T (d = S1'/N) keeps the small eigenvalues of a
+    component far from the origin when c_j is near its mean.
+    """
     row = _row_weighted_fn(params)
 
     def chunk_fn(Xc, wc):
         wlp = jax.vmap(row)(Xc)
         lse = jax.nn.logsumexp(wlp, axis=1)
         resp = jnp.exp(wlp - lse[:, None]) * wc[:, None]
-        return _stats_of(Xc, resp, jnp.sum(wc * lse))
+        return _stats_of(Xc, resp, jnp.sum(wc * lse), pivot)
 
     return _chunked_stats(chunk_fn, batch_size, X, _unit_weights(X, sample_weight))
 
