@@ -4,7 +4,8 @@ Fitting runs :func:`gpustat.mixture.fit_em` (fused E-step kernel on a CUDA GPU, 
 reference elsewhere), restarts batched on the device. Extra constructor arguments:
 ``backend`` ("auto" | "pallas" | "reference" | "interpret") and ``precision`` ("highest"
 = IEEE float32 matmuls, "tf32x3" = error-compensated TF32; plain TF32 is never used).
-float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``); integer
+float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``; without
+it float64 input computes in float32 with a ``UserWarning``); integer
 and bool input is converted to float64 (float32 when ``jax_enable_x64`` is off), as
 scikit-learn converts it; a narrower X given to a fitted estimator (``predict``, ``score``,
 ...) is cast up to the fitted parameters' dtype. ``partial_fit`` adds streaming
@@ -22,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.validation import check_array, check_is_fitted
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import _check_feature_names, check_array, check_is_fitted
 
 from gpustat._checks import is_int
 from gpustat.mixture_fit import (
@@ -114,8 +116,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         means_init: optional (m, p) initial means.
         precisions_init: optional initial precisions (shape by covariance type:
             full (m, p, p), tied (p, p), diag (m, p), spherical (m,)).
-        random_state: int seed in [0, 2**32 - 1] (None = 0) for initialisation and
-            ``sample`` (a RandomState instance is not taken).
+        random_state: None, an int seed in [0, 2**32 - 1] or a ``np.random.RandomState``,
+            for initialisation and ``sample``, as in scikit-learn: an int gives the same
+            draws every call, None fresh ones (numpy's global generator), a RandomState
+            the next ones of its stream (the JAX key of the initialisation is seeded
+            from it).
         warm_start: start the next ``fit`` from the current solution.
         verbose: 0 silent; >= 1 prints every restart's iteration, lower bound and its
             change every ``verbose_interval`` iterations (as scikit-learn's verbose >= 2,
@@ -173,19 +178,35 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
             # numpy's RandomState (used by ``sample``) takes seeds in [0, 2**32 - 1]
-            (self.random_state is None or (is_int(self.random_state)
-                                           and 0 <= self.random_state < 2**32),
-             "random_state", "None or an int in [0, 2**32 - 1]"),
+            (self.random_state is None
+             or isinstance(self.random_state, np.random.RandomState)
+             or (is_int(self.random_state) and 0 <= self.random_state < 2**32),
+             "random_state", "None or an int in [0, 2**32 - 1] or a np.random.RandomState"),
         ]
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
 
+    def _key(self):
+        """The JAX key of an initialisation: from the int seed, else a seed drawn from
+        ``check_random_state(random_state)`` (fresh for None, the stream's next for a
+        RandomState)."""
+        if is_int(self.random_state):
+            return jax.random.key(int(self.random_state))
+        return jax.random.key(int(check_random_state(self.random_state).randint(2**31 - 1)))
+
     def _check_X(self, X, *, fitting: bool) -> jax.Array:
-        # scikit-learn's checks and messages (sparse, complex, object, 1-D, empty input),
-        # then gpustat's dtype rules and finiteness check
+        # scikit-learn's feature names (set by a fit, checked after it), its checks and
+        # messages (sparse, complex, object, 1-D, empty input), then gpustat's dtype rules
+        # and finiteness check
+        _check_feature_names(self, X, reset=fitting)
         X = check_array(X, dtype="numeric", accept_sparse=False, ensure_all_finite=False,
                         ensure_min_samples=2 if fitting else 1, estimator=self)
+        if X.dtype == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
+            warnings.warn("X is float64 but jax_enable_x64 is off: GaussianMixture computes "
+                          "in float32. Enable it (jax.config.update('jax_enable_x64', True)) "
+                          "to compute in float64, or pass float32 X to silence this.",
+                          UserWarning, stacklevel=3)
         X = check_data(integers_as_float(X))
         if fitting:
             if X.shape[0] < self.n_components:
@@ -306,8 +327,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         X = self._check_X(X, fitting=True)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         if do_init:
-            seed = 0 if self.random_state is None else int(self.random_state)
-            init = self._initial_params(X, jax.random.key(seed), int(self.n_init))
+            init = self._initial_params(X, self._key(), int(self.n_init))
             start_bound = -math.inf
         else:
             init, start_bound = self.params_, self.lower_bound_
@@ -378,8 +398,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         batch X."""
         if hasattr(self, "params_"):
             return online_em_init(X, self.params_)
-        seed = 0 if self.random_state is None else int(self.random_state)
-        init = jax.tree.map(lambda a: a[0], self._initial_params(X, jax.random.key(seed), 1))
+        init = jax.tree.map(lambda a: a[0], self._initial_params(X, self._key(), 1))
         self.n_features_in_ = X.shape[1]
         return online_em_init(X, init)
 
@@ -434,7 +453,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self._check_fitted()
         if not is_int(n_samples) or n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples=}")
-        rng = np.random.RandomState(self.random_state)
+        rng = check_random_state(self.random_state)
         pvals = np.asarray(self.weights_, np.float64)
         counts = rng.multinomial(n_samples, pvals / pvals.sum())
         p = self.means_.shape[1]

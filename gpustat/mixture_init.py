@@ -33,9 +33,19 @@ _ROW_CHUNK = 8192
 # XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
 _EXACT = jax.lax.Precision.HIGHEST
 
-def kmeans_plusplus(key, X, n_components: int):
-    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
+def _check_components(n_components, X) -> int:
+    """``n_components`` as an int in [1, n] for X (n, p)."""
     n_components = check_int(n_components, "n_components", 1)
+    if n_components > X.shape[0]:
+        raise ValueError(f"n_components must be <= n, the rows of X (distinct seeds), got "
+                         f"{n_components=} and {X.shape=}")
+    return n_components
+
+
+def kmeans_plusplus(key, X, n_components: int):
+    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2);
+    m <= n (more seeds than rows would repeat rows)."""
+    n_components = _check_components(n_components, X)
     n = X.shape[0]
     keys = jax.random.split(key, n_components)
     first = jax.random.randint(keys[0], (), 0, n, dtype=jnp.int32)
@@ -161,8 +171,8 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
 
     Raises:
         ValueError / TypeError: naming the argument: X not a finite 2-D float array,
-            n_components or n_init < 1, kmeans_max_iter < 0, a negative reg_covar, an
-            unknown method or covariance_type.
+            n_components < 1 or > n, n_init < 1, kmeans_max_iter < 0, a negative
+            reg_covar, an unknown method or covariance_type.
     """
     if method not in INIT_METHODS:
         raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
@@ -170,7 +180,7 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
         raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got "
                          f"{covariance_type=!r}")
     X = check_data(X)
-    return _initialize(key, X, check_int(n_components, "n_components", 1),
+    return _initialize(key, X, _check_components(n_components, X),
                        covariance_type=covariance_type,
                        reg_covar=check_real(reg_covar, "reg_covar", 0), method=method,
                        n_init=check_int(n_init, "n_init", 1),

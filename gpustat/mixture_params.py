@@ -45,6 +45,20 @@ def _check_type(covariance_type: str) -> None:
             f"covariance_type must be one of {COVARIANCE_TYPES}, got {covariance_type=!r}")
 
 
+def _check_shapes(weights, means, matrices, covariance_type: str, name: str) -> None:
+    """Raise unless weights (*b, k), means (*b, k, p) and ``name`` (the covariance type's
+    shape) agree on k and p."""
+    if means.ndim < 2 or weights.shape != means.shape[:-1]:
+        raise ValueError(f"weights must be (*b, k) and means (*b, k, p) with one k, got "
+                         f"{weights.shape=} and {means.shape=}")
+    *batch, k, p = means.shape
+    expected = tuple(batch) + {"full": (k, p, p), "tied": (p, p), "diag": (k, p),
+                               "spherical": (k,)}[covariance_type]
+    if matrices.shape != expected:
+        raise ValueError(f"{name} for covariance_type={covariance_type!r} must have shape "
+                         f"{expected}, got {matrices.shape}")
+
+
 def _upper_cholesky_of_inverse(cov: Float[Array, "p p"]) -> Float[Array, "p p"]:
     """U upper triangular with U U^T = cov^-1 (scikit-learn's convention); NaN if not PD."""
     lower = jnp.linalg.cholesky(cov)
@@ -126,19 +140,30 @@ class MixtureParams:
 
     @classmethod
     def from_covariances(cls, weights, means, covariances, covariance_type: str = "full"):
-        """Parameters from weights (k,), means (k, p) and covariances (type-dependent shape)."""
+        """Parameters from weights (k,), means (k, p) and covariances (type-dependent shape).
+
+        Raises:
+            ValueError: an unknown covariance type, or shapes that disagree on k or p.
+        """
         _check_type(covariance_type)
-        covariances = jnp.asarray(covariances)
-        return cls(jnp.asarray(weights), jnp.asarray(means), covariances,
+        weights, means, covariances = map(jnp.asarray, (weights, means, covariances))
+        _check_shapes(weights, means, covariances, covariance_type, "covariances")
+        return cls(weights, means, covariances,
                    precisions_cholesky_from_covariances(covariances, covariance_type),
                    covariance_type)
 
     @classmethod
     def from_precisions(cls, weights, means, precisions, covariance_type: str = "full"):
-        """Parameters from weights (k,), means (k, p) and precisions (type-dependent shape)."""
+        """Parameters from weights (k,), means (k, p) and precisions (type-dependent shape).
+
+        Raises:
+            ValueError: an unknown covariance type, or shapes that disagree on k or p.
+        """
         _check_type(covariance_type)
-        chol = precisions_cholesky_from_precisions(jnp.asarray(precisions), covariance_type)
-        return cls(jnp.asarray(weights), jnp.asarray(means),
+        weights, means, precisions = map(jnp.asarray, (weights, means, precisions))
+        _check_shapes(weights, means, precisions, covariance_type, "precisions")
+        chol = precisions_cholesky_from_precisions(precisions, covariance_type)
+        return cls(weights, means,
                    covariances_from_precisions_cholesky(chol, covariance_type), chol,
                    covariance_type)
 

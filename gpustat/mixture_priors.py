@@ -142,7 +142,18 @@ def niw_posterior(prior: NIWPrior, stats: SuffStats, pivot=None):
 
 
 def stick_weights(v: Float[Array, "*b k"]) -> Float[Array, "*b k"]:
-    """w_j = V_j prod_{l<j} (1 - V_l), computed in log space."""
+    """w_j = V_j prod_{l<j} (1 - V_l), computed in log space.
+
+    Raises:
+        ValueError: concrete sticks outside [0, 1] (or NaN); traced ones pass.
+    """
+    if is_concrete(v):
+        with jax.ensure_compile_time_eval():
+            v = jnp.asarray(v)
+            valid = bool(jnp.all((v >= 0) & (v <= 1)))
+        if not valid:
+            raise ValueError(f"stick_weights: v must lie in [0, 1], got range "
+                             f"[{float(jnp.min(v))!r}, {float(jnp.max(v))!r}]")
     log_rest = jnp.cumsum(jnp.log1p(-v[..., :-1]), axis=-1)
     log_rest = jnp.concatenate([jnp.zeros_like(v[..., :1]), log_rest], axis=-1)
     return v * jnp.exp(log_rest)
