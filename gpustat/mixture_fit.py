@@ -133,15 +133,15 @@ def _far_from_pivot(new: MixtureParams, pivot):
     return ~_is_finite(new) | jnp.any(~(moved <= spread))
 
 
-def centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_kwargs):
+def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_kwargs):
     """One EM iteration on statistics centred per component: (statistics, new parameters).
 
-    The statistics are taken about the current means (one fused pass; the Triton E-step,
-    about the origin of the centred data); where a component's
-    new mean lands farther than its spread from that pivot, or a parameter is not finite,
-    the pass is repeated about the new means (same responsibilities), so covariances keep
-    their small eigenvalues wherever the components sit. A ``while_loop`` of at most one
-    trip: under ``vmap`` (restarts) it runs only when some restart needs it.
+    The statistics are taken about the current means (one fused pass; the Triton E-step
+    sums them about the origin of the centred data); where a component's new mean lands
+    farther than its spread from that pivot, or a parameter is not finite, the pass is
+    repeated about the new means (same responsibilities), so covariances keep their small
+    eigenvalues wherever the components sit. A ``while_loop`` of at most one trip: under
+    ``vmap`` (restarts) it runs only when some restart needs it.
     """
     def step(pivot):
         stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision,
@@ -173,7 +173,7 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_ite
 
     def body(state):
         params, lb, n_iter, _, _, trace = state
-        stats, new = centred_em_step(Xc, w, params, path=path, precision=precision,
+        stats, new = _centred_em_step(Xc, w, params, path=path, precision=precision,
                                      reg_covar=reg_covar, weight_prior=weight_prior,
                                      component_prior=component_prior)
         new_lb = stats.loglik / total_w
