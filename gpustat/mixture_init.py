@@ -93,13 +93,18 @@ def _label_sums(X, labels, n_components):
     return counts.sum(0), sums.sum(0)
 
 
-def _label_stats(X, labels, n_components):
-    """Hard-label statistics (no n x m matrix)."""
-    counts, sum_x = _label_sums(X, labels, n_components)
-    sum_xx = jax.lax.map(
-        lambda j: jnp.matmul((X * (labels == j)[:, None]).T, X, precision=_EXACT),
-        jnp.arange(n_components))
-    return SuffStats(counts, sum_x, sum_xx, jnp.zeros((), X.dtype))
+def _label_stats(X, labels, centres):
+    """Hard-label statistics about each label's centre (m, p) (no n x m matrix): the
+    deviations x - c_j are formed before their products, for ``m_step(pivot=centres)``."""
+    counts, sum_x = _label_sums(X, labels, centres.shape[0])
+
+    def scatter(j):
+        y = X - centres[j]
+        return jnp.matmul((y * (labels == j)[:, None]).T, y, precision=_EXACT)
+
+    sum_xx = jax.lax.map(scatter, jnp.arange(centres.shape[0]))
+    return SuffStats(counts, sum_x - counts[:, None] * centres, sum_xx,
+                     jnp.zeros((), X.dtype))
 
 
 def _lloyd(X, centres, max_iter: int):
@@ -117,7 +122,7 @@ def _lloyd(X, centres, max_iter: int):
         return (i < max_iter) & (shift > 0)
 
     _, centres, _ = jax.lax.while_loop(cond, body, (0, centres, jnp.array(jnp.inf, X.dtype)))
-    return _nearest_centre(X, centres)
+    return _nearest_centre(X, centres), centres
 
 
 def _one_point_components(X, indices, covariance_type: str, reg_covar):
@@ -144,10 +149,11 @@ def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
         return _one_point_components(X, seeds, covariance_type, reg_covar)
     if method == "kmeans":
         seeds = X[kmeans_plusplus(key, X, n_components)]
-        stats = _label_stats(X, _lloyd(X, seeds, kmeans_max_iter), n_components)
-    else:
-        resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
-        stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
+        labels, centres = _lloyd(X, seeds, kmeans_max_iter)
+        return m_step(_label_stats(X, labels, centres), covariance_type=covariance_type,
+                      reg_covar=reg_covar, pivot=centres)
+    resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
+    stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
     return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
 
 

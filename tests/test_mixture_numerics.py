@@ -82,3 +82,29 @@ def test_fits_where_sklearn_fits_with_its_held_out_likelihood(covariance_type, k
             failures.append(f"offset={offset} {family}: held-out log-likelihood {ours_ll:.6g} "
                             f"below scikit-learn's {theirs_ll:.6g}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_kmeans_initialisation_keeps_thin_far_clusters_in_float32(covariance_type):
+    """The "kmeans" initial covariances are scatters about each cluster's centre: with a
+    thin direction (sd 1e-3) and clusters 300 apart they equal scikit-learn's estimates
+    from the same labels (float64) to 1e-3, where raw moments cancel to ~eps 300^2."""
+    import jax
+    import jax.numpy as jnp
+    from sklearn.mixture._gaussian_mixture import _estimate_gaussian_parameters
+
+    from gpustat.mixture_init import _lloyd, kmeans_plusplus
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(30, 3)) * [1.0, 1.0, 1e-3] + c
+                        for c in ([0, 0, 0], [300, 0, 0], [0, 300, 0])])
+    X = jnp.asarray(X - X.mean(0), jnp.float32)
+    key = jax.random.key(0)
+    got = jax.tree.map(lambda a: a[0], mixture.initialize(key, X, 3,
+                                                          covariance_type=covariance_type))
+    seeds = X[kmeans_plusplus(jax.random.split(key, 1)[0], X, 3)]
+    labels, _ = _lloyd(X, seeds, 100)
+    _, means, covariances = _estimate_gaussian_parameters(
+        np.asarray(X, np.float64), np.eye(3)[np.asarray(labels)], 1e-6, covariance_type)
+    np.testing.assert_allclose(got.means, means, atol=1e-3)
+    np.testing.assert_allclose(got.covariances, covariances, rtol=1e-3, atol=1e-8)
