@@ -122,6 +122,47 @@ def _report_iteration(restart, n_iter, lower_bound, change, *, every: int) -> No
               f"{float(lower_bound):.5f}\t ll change {float(change):.5f}", flush=True)
 
 
+def _far_from_pivot(new: MixtureParams, pivot):
+    """True when a component's new mean lies farther than its RMS spread from its pivot
+    (S2'/N = Sigma + d d^T then loses more than half its digits to d d^T), or a
+    parameter is not finite."""
+    spread = {"full": lambda c: jnp.trace(c, axis1=-2, axis2=-1),
+              "tied": lambda c: jnp.trace(c), "diag": lambda c: jnp.sum(c, axis=-1),
+              "spherical": lambda c: c * pivot.shape[-1]}[new.covariance_type](new.covariances)
+    moved = jnp.sum((new.means - pivot) ** 2, axis=-1)
+    return ~_is_finite(new) | jnp.any(~(moved <= spread))
+
+
+def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_kwargs):
+    """One EM iteration on statistics centred per component: (statistics, new parameters).
+
+    The statistics are taken about the current means (one fused pass; the Triton E-step
+    sums them about the origin of the centred data); where a component's new mean lands
+    farther than its spread from that pivot, or a parameter is not finite, the pass is
+    repeated about the new means (same responsibilities), so covariances keep their small
+    eigenvalues wherever the components sit. A ``while_loop`` of at most one trip: under
+    ``vmap`` (restarts) it runs only when some restart needs it.
+    """
+    def step(pivot):
+        stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision,
+                                                pivot=pivot)
+        return stats, m_step(stats, covariance_type=params.covariance_type, pivot=pivot,
+                             **m_step_kwargs)
+
+    if path == "triton":  # its GEMM sums raw moments: m_step's collapse floor applies
+        return step(None)
+    stats, new = step(params.means)
+
+    def again(carry):
+        new = carry[0]
+        pivot = jnp.where(jnp.isfinite(new.means), new.means, params.means)
+        return step(pivot)[1], jnp.bool_(False)
+
+    new, _ = jax.lax.while_loop(lambda c: c[1], again,
+                                (new, _far_from_pivot(new, params.means)))
+    return stats, new
+
+
 def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_iter, reg_covar,
              weight_prior, component_prior, path, precision, report_every):
     dtype = Xc.dtype
@@ -132,10 +173,10 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_ite
 
     def body(state):
         params, lb, n_iter, _, _, trace = state
-        stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision)
+        stats, new = _centred_em_step(Xc, w, params, path=path, precision=precision,
+                                     reg_covar=reg_covar, weight_prior=weight_prior,
+                                     component_prior=component_prior)
         new_lb = stats.loglik / total_w
-        new = m_step(stats, covariance_type=params.covariance_type, reg_covar=reg_covar,
-                     weight_prior=weight_prior, component_prior=component_prior)
         ok = _is_finite(new)
         params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, params)
         converged = ok & (jnp.abs(new_lb - lb) < tol)

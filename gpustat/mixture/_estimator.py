@@ -4,7 +4,8 @@ Fitting runs :func:`gpustat.mixture.fit_em` (fused E-step kernel on a CUDA GPU, 
 reference elsewhere), restarts batched on the device. Extra constructor arguments:
 ``backend`` ("auto" | "pallas" | "reference" | "interpret") and ``precision`` ("highest"
 = IEEE float32 matmuls, "tf32x3" = error-compensated TF32; plain TF32 is never used).
-float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``); integer
+float32 input is fitted in float32, float64 in float64 (needs ``jax_enable_x64``; without
+it float64 input computes in float32 with a ``UserWarning``); integer
 and bool input is converted to float64 (float32 when ``jax_enable_x64`` is off), as
 scikit-learn converts it; a narrower X given to a fitted estimator (``predict``, ``score``,
 ...) is cast up to the fitted parameters' dtype. ``partial_fit`` adds streaming
@@ -22,12 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.validation import check_array, check_is_fitted
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import _check_feature_names, check_array, check_is_fitted
 
 from gpustat._checks import is_int
-from gpustat.mixture._em import STATUS_OK, fit_em, online_em_init, online_em_step, online_params
+from gpustat.mixture._em import (
+    STATUS_OK,
+    fit_em,
+    online_em_init,
+    online_em_step,
+    online_params,
+)
 from gpustat.mixture._initialize import INIT_METHODS, initialize
-from gpustat.mixture._ops import log_prob, mvn_logpdf
+from gpustat.mixture._mstep import m_step
+from gpustat.mixture._ops import log_prob, mvn_logpdf, suff_stats
 from gpustat.mixture._validation import (
     PRECISION_CHOICES,
     check_data,
@@ -42,6 +51,41 @@ _COLLAPSE_MESSAGE = (
     "Fitting the mixture model failed because some components have ill-defined empirical "
     "covariance (for instance caused by singleton or collapsed samples). Try to decrease "
     "the number of components, increase reg_covar, or scale the input data.")
+
+
+def _collapse_message(X, params: MixtureParams, reg_covar: float, settings: dict) -> str:
+    """Which component's covariance is not positive definite after the E-step at
+    ``params`` (the last good iteration), and why: its scatter about its own mean, the
+    smallest eigenvalue (or variance) of that scatter and reg_covar. ``settings``: the
+    backend and precision of a density op (:meth:`GaussianMixture._density_settings`)."""
+    kind = params.covariance_type
+    factors = np.asarray(params.precisions_cholesky)
+    factors = factors.reshape(1 if kind == "tied" else params.n_components, -1)
+    bad = np.flatnonzero(~np.all(np.isfinite(factors), axis=1))
+    if bad.size:  # the iterations never started
+        what = "the tied covariance" if kind == "tied" else f"component {int(bad[0])}"
+        return (f"Fitting the mixture model failed: the initial {kind} covariance of {what} "
+                f"is not positive definite (an initial cluster on a lower-dimensional set, "
+                f"e.g. one repeated point, with reg_covar={reg_covar!r}). Increase "
+                f"reg_covar, pass precisions_init, or decrease n_components.")
+    stats = suff_stats(X, params, pivot=params.means, **settings)
+    scatter = np.asarray(m_step(stats, covariance_type=kind, reg_covar=0.0,
+                                pivot=params.means).covariances, dtype=np.float64)
+    if kind in ("full", "tied"):
+        smallest = np.linalg.eigvalsh(scatter)[..., 0]
+    else:
+        smallest = scatter.min(axis=-1) if kind == "diag" else scatter
+    what = "the tied covariance" if kind == "tied" else None
+    if what is None:
+        j = int(np.argmin(smallest))
+        smallest = smallest[j]
+        what = (f"component {j} (responsibility {float(stats.counts[j]):.4g} of "
+                f"{X.shape[0]} rows)")
+    return (f"Fitting the mixture model failed: the {kind} covariance of {what} is not "
+            f"positive definite: the smallest eigenvalue of its scatter about its mean is "
+            f"{float(smallest):.3g}, and reg_covar={reg_covar!r} does not lift it above 0 "
+            f"in {X.dtype} (its rows lie on a lower-dimensional set, e.g. one repeated "
+            f"point). Increase reg_covar or decrease n_components.")
 
 
 def _is_real(value) -> bool:
@@ -95,8 +139,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         means_init: optional (m, p) initial means.
         precisions_init: optional initial precisions (shape by covariance type:
             full (m, p, p), tied (p, p), diag (m, p), spherical (m,)).
-        random_state: int seed in [0, 2**32 - 1] (None = 0) for initialisation and
-            ``sample`` (a RandomState instance is not taken).
+        random_state: None, an int seed in [0, 2**32 - 1] or a ``np.random.RandomState``,
+            for initialisation and ``sample``, as in scikit-learn: an int gives the same
+            draws every call, None fresh ones (numpy's global generator), a RandomState
+            the next ones of its stream (the JAX key of the initialisation is seeded
+            from it).
         warm_start: start the next ``fit`` from the current solution.
         verbose: 0 silent; >= 1 prints every restart's iteration, lower bound and its
             change every ``verbose_interval`` iterations (as scikit-learn's verbose >= 2,
@@ -154,19 +201,35 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
             # numpy's RandomState (used by ``sample``) takes seeds in [0, 2**32 - 1]
-            (self.random_state is None or (is_int(self.random_state)
-                                           and 0 <= self.random_state < 2**32),
-             "random_state", "None or an int in [0, 2**32 - 1]"),
+            (self.random_state is None
+             or isinstance(self.random_state, np.random.RandomState)
+             or (is_int(self.random_state) and 0 <= self.random_state < 2**32),
+             "random_state", "None or an int in [0, 2**32 - 1] or a np.random.RandomState"),
         ]
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
 
+    def _key(self):
+        """The JAX key of an initialisation: from the int seed, else a seed drawn from
+        ``check_random_state(random_state)`` (fresh for None, the stream's next for a
+        RandomState)."""
+        if is_int(self.random_state):
+            return jax.random.key(int(self.random_state))
+        return jax.random.key(int(check_random_state(self.random_state).randint(2**31 - 1)))
+
     def _check_X(self, X, *, fitting: bool) -> jax.Array:
-        # scikit-learn's checks and messages (sparse, complex, object, 1-D, empty input),
-        # then gpustat's dtype rules and finiteness check
+        # scikit-learn's feature names (set by a fit, checked after it), its checks and
+        # messages (sparse, complex, object, 1-D, empty input), then gpustat's dtype rules
+        # and finiteness check
+        _check_feature_names(self, X, reset=fitting)
         X = check_array(X, dtype="numeric", accept_sparse=False, ensure_all_finite=False,
                         ensure_min_samples=2 if fitting else 1, estimator=self)
+        if X.dtype == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
+            warnings.warn("X is float64 but jax_enable_x64 is off: GaussianMixture computes "
+                          "in float32. Enable it (jax.config.update('jax_enable_x64', True)) "
+                          "to compute in float64, or pass float32 X to silence this.",
+                          UserWarning, stacklevel=3)
         X = check_data(integers_as_float(X))
         if fitting:
             if X.shape[0] < self.n_components:
@@ -287,8 +350,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         X = self._check_X(X, fitting=True)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         if do_init:
-            seed = 0 if self.random_state is None else int(self.random_state)
-            init = self._initial_params(X, jax.random.key(seed), int(self.n_init))
+            init = self._initial_params(X, self._key(), int(self.n_init))
             start_bound = -math.inf
         else:
             init, start_bound = self.params_, self.lower_bound_
@@ -298,7 +360,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                         backend=self.backend, precision=self.precision,
                         report_every=int(self.verbose_interval) if self.verbose else 0)
         if int(result.status) != STATUS_OK:
-            raise ValueError(_COLLAPSE_MESSAGE)
+            raise ValueError(_collapse_message(X, result.params, self.reg_covar,
+                                               self._density_settings()))
         self.n_features_in_ = X.shape[1]
         self._set_fitted(result.params)
         self.__dict__.pop("_online_state", None)  # partial_fit restarts from these params
@@ -358,8 +421,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         batch X."""
         if hasattr(self, "params_"):
             return online_em_init(X, self.params_)
-        seed = 0 if self.random_state is None else int(self.random_state)
-        init = jax.tree.map(lambda a: a[0], self._initial_params(X, jax.random.key(seed), 1))
+        init = jax.tree.map(lambda a: a[0], self._initial_params(X, self._key(), 1))
         self.n_features_in_ = X.shape[1]
         return online_em_init(X, init)
 
@@ -414,7 +476,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self._check_fitted()
         if not is_int(n_samples) or n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {n_samples=}")
-        return sample_mixture(np.random.RandomState(self.random_state), self.weights_,
+        return sample_mixture(check_random_state(self.random_state), self.weights_,
                               self.means_, self.covariances_, self.covariance_type,
                               int(n_samples))
 

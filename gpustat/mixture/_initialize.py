@@ -37,9 +37,19 @@ _ROW_CHUNK = 8192
 # XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
 _EXACT = jax.lax.Precision.HIGHEST
 
-def kmeans_plusplus(key, X, n_components: int):
-    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2)."""
+def _check_components(n_components, X) -> int:
+    """``n_components`` as an int in [1, n] for X (n, p)."""
     n_components = check_int(n_components, "n_components", 1)
+    if n_components > X.shape[0]:
+        raise ValueError(f"n_components must be <= n, the rows of X (distinct seeds), got "
+                         f"{n_components=} and {X.shape=}")
+    return n_components
+
+
+def kmeans_plusplus(key, X, n_components: int):
+    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2);
+    m <= n (more seeds than rows would repeat rows)."""
+    n_components = _check_components(n_components, X)
     n = X.shape[0]
     keys = jax.random.split(key, n_components)
     first = jax.random.randint(keys[0], (), 0, n, dtype=jnp.int32)
@@ -87,13 +97,18 @@ def _label_sums(X, labels, n_components):
     return counts.sum(0), sums.sum(0)
 
 
-def _label_stats(X, labels, n_components):
-    """Hard-label statistics (no n x m matrix)."""
-    counts, sum_x = _label_sums(X, labels, n_components)
-    sum_xx = jax.lax.map(
-        lambda j: jnp.matmul((X * (labels == j)[:, None]).T, X, precision=_EXACT),
-        jnp.arange(n_components))
-    return SuffStats(counts, sum_x, sum_xx, jnp.zeros((), X.dtype))
+def _label_stats(X, labels, centres):
+    """Hard-label statistics about each label's centre (m, p) (no n x m matrix): the
+    deviations x - c_j are formed before their products, for ``m_step(pivot=centres)``."""
+    counts, sum_x = _label_sums(X, labels, centres.shape[0])
+
+    def scatter(j):
+        y = X - centres[j]
+        return jnp.matmul((y * (labels == j)[:, None]).T, y, precision=_EXACT)
+
+    sum_xx = jax.lax.map(scatter, jnp.arange(centres.shape[0]))
+    return SuffStats(counts, sum_x - counts[:, None] * centres, sum_xx,
+                     jnp.zeros((), X.dtype))
 
 
 def _lloyd(X, centres, max_iter: int):
@@ -111,7 +126,7 @@ def _lloyd(X, centres, max_iter: int):
         return (i < max_iter) & (shift > 0)
 
     _, centres, _ = jax.lax.while_loop(cond, body, (0, centres, jnp.array(jnp.inf, X.dtype)))
-    return _nearest_centre(X, centres)
+    return _nearest_centre(X, centres), centres
 
 
 def _one_point_components(X, indices, covariance_type: str, reg_covar):
@@ -138,10 +153,11 @@ def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
         return _one_point_components(X, seeds, covariance_type, reg_covar)
     if method == "kmeans":
         seeds = X[kmeans_plusplus(key, X, n_components)]
-        stats = _label_stats(X, _lloyd(X, seeds, kmeans_max_iter), n_components)
-    else:
-        resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
-        stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
+        labels, centres = _lloyd(X, seeds, kmeans_max_iter)
+        return m_step(_label_stats(X, labels, centres), covariance_type=covariance_type,
+                      reg_covar=reg_covar, pivot=centres)
+    resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
+    stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
     return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
 
 
@@ -165,8 +181,8 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
 
     Raises:
         ValueError / TypeError: naming the argument: X not a finite 2-D float array,
-            n_components or n_init < 1, kmeans_max_iter < 0, a negative reg_covar, an
-            unknown method or covariance_type.
+            n_components < 1 or > n, n_init < 1, kmeans_max_iter < 0, a negative
+            reg_covar, an unknown method or covariance_type.
     """
     if method not in INIT_METHODS:
         raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
@@ -174,7 +190,7 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
         raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got "
                          f"{covariance_type=!r}")
     X = check_data(X)
-    return _initialize(key, X, check_int(n_components, "n_components", 1),
+    return _initialize(key, X, _check_components(n_components, X),
                        covariance_type=covariance_type,
                        reg_covar=check_real(reg_covar, "reg_covar", 0), method=method,
                        n_init=check_int(n_init, "n_init", 1),

@@ -13,8 +13,12 @@ MAP (posterior mode, "BEM" of Suchard et al. 2010) for full covariances under a
 normal-inverse-Wishart prior: mu_j = m_n, Sigma_j = Phi_n / (nu_n + p + 2) (+ reg I);
 weights under Dirichlet(alpha): w_j propto max(N_j + alpha - 1, 0); under stick-breaking:
 V_j = N_j / (alpha - 1 + sum_{l>=j} N_l) clipped into (0, 1), V_k = 1.
-Statistics should be of centred data (the drivers centre X) so that S2 / N - mu mu^T
-does not cancel catastrophically.
+Statistics about the origin (``pivot=None``) should be of centred data so that
+S2 / N - mu mu^T does not cancel catastrophically; the drivers go further and take them
+about a pivot per component (``pivot``, the previous iteration's means):
+S1'_j = sum r (x - c_j), S2'_j = sum r (x - c_j)(x - c_j)^T, mu_j = c_j + d_j with
+d_j = S1'_j / N_j, and the formulas above with d_j in place of mu_j, which then keep the
+small eigenvalues of a component far from the data's mean.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = ["m_step"]
 
 
 def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_covar):
+    """Covariances from the statistics and the means about their origin (the pivot)."""
     p = means.shape[-1]
     # sum_i r (x - mu)(x - mu)^T / N = S2 / N - mu mu^T (2 - counts / N), N = counts + 10 eps
     second = stats.sum_xx / nk[:, None, None]
@@ -108,7 +113,7 @@ def _check_stats(stats) -> None:
 
 def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float = 1e-6,
            weight_prior: DirichletPrior | StickBreakingPrior | None = None,
-           component_prior: NIWPrior | None = None) -> MixtureParams:
+           component_prior: NIWPrior | None = None, pivot=None) -> MixtureParams:
     """Mixture parameters from E-step statistics (MLE, or MAP under the given priors).
 
     Args:
@@ -119,11 +124,14 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
         component_prior: optional normal-inverse-Wishart prior (MAP; full covariance only).
             Priors are checked as :func:`fit_em` checks them and compute in the dtype of
             ``stats``.
+        pivot: optional (k, p) pivots c_j about which ``stats`` were accumulated
+            (``suff_stats(..., pivot=...)``); None: about the origin.
 
     Returns:
         :class:`MixtureParams` in the dtype of ``stats``. A component whose covariance is
-        not positive definite, or below the resolution of raw moments (a collapsed
-        component), has NaN covariance and precision factors (the drivers report it).
+        not positive definite has NaN covariance and precision factors (the drivers report
+        it); with ``pivot=None`` so has one below the resolution of raw moments (a
+        collapsed component: S2 / N - mu mu^T cancels to about eps E[x^2]).
 
     Raises:
         TypeError: ``stats`` is not a :class:`SuffStats`, or a prior of the wrong type.
@@ -135,19 +143,24 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
     dtype = stats.counts.dtype
     weight_prior = check_weight_prior(weight_prior, dtype)
     component_prior = check_component_prior(component_prior, stats.sum_x.shape[-1], dtype)
+    if pivot is not None and jnp.shape(pivot) != stats.sum_x.shape:
+        raise ValueError(f"pivot must have the shape of stats.sum_x {stats.sum_x.shape}, got "
+                         f"{jnp.shape(pivot)}")
     eps = jnp.finfo(dtype).eps
     nk = stats.counts + 10 * eps
     weights = _map_weights(nk, weight_prior)
     if component_prior is None:
-        means = stats.sum_x / nk[:, None]
-        covariances = _mle_covariances(stats, nk, means, covariance_type, reg_covar)
+        offsets = stats.sum_x / nk[:, None]
+        covariances = _mle_covariances(stats, nk, offsets, covariance_type, reg_covar)
+        means = offsets if pivot is None else pivot + offsets
     else:
         if covariance_type != "full":
             raise ValueError(f"component_prior needs covariance_type='full', got "
                              f"{covariance_type=!r}")
-        _, means, nu_n, phi_n = niw_posterior(component_prior, stats)
+        _, means, nu_n, phi_n = niw_posterior(component_prior, stats, pivot)
         p = means.shape[-1]
         covariances = (phi_n / (nu_n + p + 2)[:, None, None]
                        + reg_covar * jnp.eye(p, dtype=means.dtype))
-    covariances = _mark_unresolved(covariances, stats, nk, covariance_type)
+    if pivot is None:
+        covariances = _mark_unresolved(covariances, stats, nk, covariance_type)
     return MixtureParams.from_covariances(weights, means, covariances, covariance_type)

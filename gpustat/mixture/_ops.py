@@ -7,9 +7,8 @@ and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp3
 :mod:`gpustat.triton.mixture` (``backend="triton"`` or ``"auto"``), three float16
 products over power-of-two-scaled operands, float32 only. float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
-p <= 32 features. On a GPU "auto" runs the kernels for every dtype (the H100 benchmark
-measured them ~5x faster than XLA's reference per EM iteration in float32 and in
-float64). On
+p <= 32 features. On a GPU "auto" runs the kernels for every dtype (faster than XLA's
+reference per EM iteration in float32 and float64: ``bench_mixture``). On
 kernel paths the public ops shift X by sum_j w_j mu_j (by the data mean for labels)
 before the whitened products x^T U_j and shift the moments back, so uncentred float32
 data keep their accuracy; the drivers, which centre X themselves, call the kernels
@@ -192,7 +191,8 @@ def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: 
 
 
 def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
-               sample_weight: Float[Array, " n"] | None = None, *, backend: str = "auto",
+               sample_weight: Float[Array, " n"] | None = None,
+               pivot: Float[Array, "m p"] | None = None, *, backend: str = "auto",
                precision: str = "highest") -> SuffStats:
     """Fused E-step: N_j, sum_i r_ij x_i, sum_i r_ij x_i x_i^T and the log-likelihood.
 
@@ -203,11 +203,16 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     registers.
 
     Args:
-        X: (n, p) data, float32 or float64. The moments returned are raw (about the
-            origin); centre X first (the fit drivers do) when covariances will be formed
-            from them, so that S2 / N - mu mu^T does not cancel.
+        X: (n, p) data, float32 or float64. Without ``pivot`` the moments returned are
+            raw (about the origin): centre X first when covariances will be formed from
+            them, so that S2 / N - mu mu^T does not cancel.
         params: :class:`MixtureParams` (m components).
         sample_weight: optional (n,) non-negative row weights w_i (default 1).
+        pivot: optional (m, p) pivots c_j (e.g. ``params.means``): the moments are then
+            sum_i r_ij (x_i - c_j) and sum_i r_ij (x_i - c_j)(x_i - c_j)^T, each
+            deviation formed before its product, for ``m_step(..., pivot=pivot)``: the
+            covariances keep their small eigenvalues wherever the components sit. The
+            Triton E-step ("f16x3") takes no pivot.
         backend: "auto", "pallas", "reference", "interpret" or "triton".
         precision: float32 matmul precision on kernel backends: "highest", "tf32x3" or
             "f16x3" (the Triton E-step, float32 X and m <= 256 only).
@@ -218,26 +223,42 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     """
     X, params, path = _prepare(X, params, "suff_stats", backend, precision)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    if pivot is not None:
+        if path == "triton":
+            raise ValueError("pivot: the Triton E-step (precision='f16x3') accumulates "
+                             "moments about the origin only; use precision='highest'")
+        pivot = jnp.asarray(pivot, X.dtype)
+        if pivot.shape != params.means.shape:
+            raise ValueError(f"pivot must have the means' shape {params.means.shape}, got "
+                             f"{pivot.shape=}")
     if path == "reference":
-        return _reference.suff_stats(X, params, w)
+        return _reference.suff_stats(X, params, w, pivot)
 
-    def kernel(X, params, w):
+    def kernel(X, params, w, pivot):
         Xs, params_s, shift = _centred(X, params)
+        if pivot is not None:  # moments about the pivots do not move with the shift
+            return dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision,
+                                       pivot=pivot - shift)
         return _unshift_stats(
             dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision), shift)
 
-    return _with_reference_derivatives(kernel, _reference.suff_stats, X, params, w)
+    return _with_reference_derivatives(kernel, _reference.suff_stats, X, params, w, pivot)
 
 
-def dispatch_suff_stats(X, params, w, *, path: str, precision: str) -> SuffStats:
-    """:func:`suff_stats` on validated input and a resolved path (for the drivers' loops)."""
+def dispatch_suff_stats(X, params, w, *, path: str, precision: str,
+                        pivot=None) -> SuffStats:
+    """:func:`suff_stats` on validated input and a resolved path (for the drivers' loops);
+    with ``pivot`` (m, p) the moments of x - c_j per component (the drivers' M-step
+    statistics, :func:`gpustat.mixture.m_step`)."""
     if path == "reference":
-        return _reference.suff_stats(X, params, w)
+        return _reference.suff_stats(X, params, w, pivot)
     if path == "triton":
         from gpustat.triton.mixture import suff_stats as triton_suff_stats
 
+        if pivot is not None:  # its quadratic-feature GEMM sums moments about the origin
+            raise ValueError("the Triton E-step (precision='f16x3') takes no pivot")
         return triton_suff_stats(X, params, w)
-    return _kernels.suff_stats(X, params, w, **_kernel_kwargs(path, precision))
+    return _kernels.suff_stats(X, params, w, pivot=pivot, **_kernel_kwargs(path, precision))
 
 
 def sample_labels(key, X: Float[Array, "n p"], params: MixtureParams, *,

@@ -148,14 +148,16 @@ def check_component_prior(prior, n_features: int, dtype):
     return _in_dtype(prior, dtype)
 
 
-def niw_posterior(prior: NIWPrior, stats: SuffStats):
-    """(kappa_n (k,), m_n (k, p), nu_n (k,), Phi_n (k, p, p)) of every component."""
+def niw_posterior(prior: NIWPrior, stats: SuffStats, pivot=None):
+    """(kappa_n (k,), m_n (k, p), nu_n (k,), Phi_n (k, p, p)) of every component; with
+    ``pivot`` (k, p), ``stats`` are about it (:func:`gpustat.mixture.m_step`)."""
     n = stats.counts
     safe_n = jnp.where(n > 0, n, 1)
-    xbar = stats.sum_x / safe_n[:, None]
-    scatter = stats.sum_xx - n[:, None, None] * xbar[:, :, None] * xbar[:, None, :]
+    offset = stats.sum_x / safe_n[:, None]  # xbar - pivot
+    scatter = stats.sum_xx - n[:, None, None] * offset[:, :, None] * offset[:, None, :]
+    xbar = offset if pivot is None else pivot + offset
     kappa_n = prior.kappa + n
-    m_n = (prior.kappa * prior.mean + stats.sum_x) / kappa_n[:, None]
+    m_n = (prior.kappa * prior.mean + n[:, None] * xbar) / kappa_n[:, None]
     d = xbar - prior.mean
     shrink = prior.kappa * n / kappa_n
     phi_n = prior.scale + scatter + shrink[:, None, None] * d[:, :, None] * d[:, None, :]
@@ -163,7 +165,18 @@ def niw_posterior(prior: NIWPrior, stats: SuffStats):
 
 
 def stick_weights(v: Float[Array, "*b k"]) -> Float[Array, "*b k"]:
-    """w_j = V_j prod_{l<j} (1 - V_l), computed in log space."""
+    """w_j = V_j prod_{l<j} (1 - V_l), computed in log space.
+
+    Raises:
+        ValueError: concrete sticks outside [0, 1] (or NaN); traced ones pass.
+    """
+    if is_concrete(v):
+        with jax.ensure_compile_time_eval():
+            v = jnp.asarray(v)
+            valid = bool(jnp.all((v >= 0) & (v <= 1)))
+        if not valid:
+            raise ValueError(f"stick_weights: v must lie in [0, 1], got range "
+                             f"[{float(jnp.min(v))!r}, {float(jnp.max(v))!r}]")
     log_rest = jnp.cumsum(jnp.log1p(-v[..., :-1]), axis=-1)
     log_rest = jnp.concatenate([jnp.zeros_like(v[..., :1]), log_rest], axis=-1)
     return v * jnp.exp(log_rest)

@@ -11,15 +11,15 @@ x W_d against the stacked columns W_d[:, j] = U_j[:, d] of a component block, su
 m_d and accumulate the square: p products per tile and no n x k x p intermediate. The
 squares are of centred whitened coordinates, so float32 keeps ~1e-5 absolute accuracy
 where the expanded quadratic x^T Lambda x - 2 mu^T Lambda x + mu^T Lambda mu cancels
-(the public ops and the drivers pass centred X). The quadratic-feature form was measured
-slower at both precisions and less accurate (``docs/mixture.md``).
+(the public ops and the drivers pass centred X). The quadratic-feature form is slower at
+both precisions and less accurate (``benchmarks/results/*/probes/mixture_*.md``).
 
 Passes. Rows are processed in chunks of ``rows_per_chunk`` (memory O(chunk x k), so
 n = 1e8 fits). Per chunk the *density pass* (``_density_kernel``) computes each
 (block_n, block_k) tile of logits once, writes the per-block log-sum-exp (combined by XLA
 into log p(x)) and, for the statistics and the draws, the logits themselves; the
 *statistics pass* reads them back (one write and one read of 4 k bytes per row instead of
-recomputing the densities: measured 1.3-1.6x faster per EM iteration on an H100) and
+recomputing the densities, which costs more than the round trip) and
 accumulates N, x^T r and the second moments in registers, its products contracting the
 row axis of X^T (no in-register transposes). ``moments`` picks the second-moment
 products: "full", one (P^2, block_n) x (block_n, block_k) product of vec(x x^T);
@@ -86,47 +86,42 @@ PRECISIONS = {
 }
 MOMENTS = ("full", "packed")
 ROWS_PER_CHUNK = 1 << 20  # logits buffer of a chunk: 4 MiB per component (1 GiB at k = 256)
+# The centred statistics pass (a pivot per component): one (P, block_n) x (block_n, P)
+# product per component of the block, unrolled, so block_k is small. Not yet swept on a GPU.
+_CENTRED_BLOCKS = {"block_n": 32, "block_k": 8, "tiles_per_program": 64, "num_warps": 4,
+                   "num_stages": 1}
 # Kernel settings of the density pass and of the statistics passes per float32 precision
 # and for float64 (num_stages: Triton's software pipelining of the row-tile loop).
 # Sampling regroups the density pass's block lse into the statistics pass's blocks, so
 # its block_k must divide theirs.
 DEFAULT_BLOCKS = {
-    # "tf32x3": the fastest density and statistics settings swept on an H100 at n = 1e6,
-    # p = 16, k = 256 (commit 43841a6: density 3.48 ms, EM iteration 7.61 ms; a wider
-    # statistics sweep on bba464b: E-step 6.84 ms with 32 x 64 tiles on 4 warps against
-    # 7.34 ms with the 64 x 32 ones before, 7.0-10.7 ms for eight others)
+    # "tf32x3": the fastest density and statistics settings of bench_mixture's sweep at
+    # n = 1e6, p = 16, k = 256
     "tf32x3": {
         "density": {"block_n": 128, "block_k": 32, "tiles_per_program": 32, "num_warps": 4,
                     "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 64, "tiles_per_program": 64, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
-    # "highest": IEEE fp32 dots keep their operands in registers: small statistics tiles
-    # (commit 20725f0: density 4.39 ms, E-step 8.44 ms with "packed", 9.25 ms "full"; the
-    # 64-row tiles of "tf32x3" took 20.3 ms; the sweep on bba464b: E-step 7.69 ms with
-    # 16 x 64 tiles on 4 warps against 8.13 ms with 32 x 64 on 8, 64-row tiles 12.7-13.2 ms).
-    # The density pass's tile loop software-pipelined over 3 stages (H100 probes before
-    # 7d58e4d, benchmarks/results/nvidia-h100-80gb-hbm3/probes/mixture_stages_7d58e4d.md):
-    # 3.50 against 4.35 ms (2 stages 3.73, 4 stages 4.00), EM iteration 7.32 against
-    # 8.15 ms; pipelining the statistics pass too was slower (7.66 / 7.94 ms at 3 / 2
-    # stages), as were 3 stages for "tf32x3" (EM 7.19 vs 6.96 ms) and float64 (density
-    # 7.14 vs 6.71 ms). An A/B of three interleaved rounds after it: 32 row tiles a program
-    # instead of 64, density 3.24 vs 3.41 ms, EM iteration 6.98 vs 7.20 ms
+    # "highest": IEEE fp32 dots keep their operands in registers, so small statistics
+    # tiles; the density pass's tile loop is software-pipelined over 3 stages (faster
+    # there, slower for the statistics pass, "tf32x3" and float64)
     "highest": {
         "density": {"block_n": 64, "block_k": 32, "tiles_per_program": 32, "num_warps": 4,
                     "num_stages": 3},
         "stats": {"block_n": 16, "block_k": 64, "tiles_per_program": 128, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
-    # float64: swept on an H100 at n = 1e6, p = 16, k = 256 (probe on 6464b11): density pass
-    # 6.6 ms at 64 x 16 (6.7-7.9 ms at 64 x 32, 32 x 32, 32 x 64, 8 warps); E-step 14.4 ms
-    # with 32 x 32 statistics tiles on 4 warps against 39.5 ms with the "highest" ones
-    # (8 warps: 29.6 ms; 64-row tiles 21.3 ms; "full" moments 18.7 ms)
+    # float64: the fastest of the same sweep; the "highest" statistics tiles are several
+    # times slower in float64
     "float64": {
         "density": {"block_n": 64, "block_k": 16, "tiles_per_program": 64, "num_warps": 4,
                     "num_stages": 1},
         "stats": {"block_n": 32, "block_k": 32, "tiles_per_program": 128, "num_warps": 4,
                   "num_stages": 1, "moments": "packed"},
+        "centred": _CENTRED_BLOCKS,
     },
 }
 
@@ -285,6 +280,52 @@ def _suff_stats_kernel(xt_ref, w_ref, lse_ref, logits_ref, *outs, block_k, **loo
     _run_stats(xt_ref, responsibilities, *outs, block_k=block_k, **loop)
 
 
+def _centred_stats_kernel(xt_ref, x_ref, w_ref, lse_ref, logits_ref, pivot_ref, pivot_t_ref,
+                          counts_ref, s1_ref, s2_ref, *, block_n, block_k,
+                          tiles_per_program, n_tiles, algorithm):
+    """Statistics about a pivot c_j per component: N_j, sum r (x - c_j) and
+    sum r (x - c_j)(x - c_j)^T, each deviation formed before its product (float32 keeps
+    the small eigenvalues of components far from the origin).
+
+    Per row tile: r (block_n, block_k) as in :func:`_suff_stats_kernel`; S1' takes one
+    product X^T r less c_j N_j of the tile (the tile's sums stay near the deviations);
+    S2'_j one (P, block_n) x (block_n, P) product (x - c_j)^T diag(r_j) (x - c_j) per
+    component j of the block (unrolled), r_j picked out of r by a masked row sum.
+    """
+    kb = pl.program_id(0)
+    cols = pl.ds(kb * block_k, block_k)
+    P = xt_ref.shape[0]
+    dtype = xt_ref.dtype
+    pivots = [pivot_ref[kb * block_k + j, :] for j in range(block_k)]  # (P,) each
+    pivot_t = pivot_t_ref[:, cols]  # (P, block_k)
+    component = jax.lax.broadcasted_iota(jnp.int32, (block_n, block_k), 1)
+
+    def body(t, acc):
+        counts, s1, s2 = acc
+        rows = pl.ds(t * block_n, block_n)
+        r = jnp.exp(logits_ref[rows, cols] - lse_ref[rows][:, None]) * w_ref[rows][:, None]
+        xt = xt_ref[:, rows]
+        x = x_ref[rows, :]
+        tile_counts = jnp.sum(r, axis=0)
+        s1 = s1 + (_dot(xt, r, algorithm) - pivot_t * tile_counts[None, :])
+        new_s2 = []
+        for j in range(block_k):  # static
+            r_j = jnp.sum(jnp.where(component == j, r, 0.0), axis=1)
+            y_t = (xt - pivots[j][:, None]) * r_j[None, :]
+            new_s2.append(s2[j] + _dot(y_t, x - pivots[j][None, :], algorithm))
+        return counts + tile_counts, s1, tuple(new_s2)
+
+    init = (jnp.zeros((block_k,), dtype), jnp.zeros((P, block_k), dtype),
+            tuple(jnp.zeros((P, P), dtype) for _ in range(block_k)))
+    counts, s1, s2 = _tile_loop(body, init, tiles_per_program=tiles_per_program,
+                                n_tiles=n_tiles)
+    g = pl.program_id(1)
+    counts_ref[g, cols] = counts
+    s1_ref[g, :, cols] = s1
+    for j in range(block_k):
+        s2_ref[g, kb * block_k + j, :, :] = s2[j]
+
+
 def _draw_kernel(u_ref, lse_ref, start_ref, landing_ref, logits_ref, label_ref, *, block_n,
                  block_k, tiles_per_program, n_tiles, n_components):
     """Inverse-CDF label of each row whose uniform lands in component block kb (0 in the
@@ -363,18 +404,21 @@ class _Layout:
     """Padding shared by the density and statistics passes of one row chunk (n rows)."""
 
     def __init__(self, n, p, n_components, dtype, *, precision, interpret,
-                 density_blocks=None, stats_blocks=None):
+                 density_blocks=None, stats_blocks=None, centred_blocks=None):
         defaults = default_blocks(dtype, precision)
         density = _settings(defaults["density"], density_blocks)
         stats = _settings(defaults["stats"], stats_blocks)
+        centred = _settings(defaults["centred"], centred_blocks)
         self.n, self.p, self.k = n, p, n_components
         self.P = padded_features(p)
-        row_multiple = max(density["block_n"], stats["block_n"])
-        col_multiple = max(density["block_k"], stats["block_k"])
+        passes = (density, stats, centred)  # block sizes are powers of two
+        row_multiple = max(s["block_n"] for s in passes)
+        col_multiple = max(s["block_k"] for s in passes)
         self.n_pad = -(-n // row_multiple) * row_multiple
         self.K = -(-n_components // col_multiple) * col_multiple
         self.density = _Pass(density, self.n_pad, self.K)
         self.stats = _Pass(stats, self.n_pad, self.K)
+        self.centred = _Pass(centred, self.n_pad, self.K)
         self.moments = stats["moments"]
         self.packed = self.moments == "packed"
         self.algorithm = _dot_algorithm(dtype, precision)
@@ -411,6 +455,21 @@ class _Layout:
         return self.stats.call(kernel, (Xp.T, *inputs), out, interpret=self.interpret,
                                algorithm=self.algorithm, moments=self.moments, **static)
 
+    def centred_stats(self, Xp, w, lse, logits, pivot, loglik) -> SuffStats:
+        """:class:`SuffStats` about the pivots (k, p) (:func:`_centred_stats_kernel`)."""
+        P, K = self.P, self.K
+        pivot = jnp.pad(pivot.astype(self.dtype), ((0, K - self.k), (0, P - self.p)))
+        groups = self.centred.grid[1]
+        out = [jax.ShapeDtypeStruct((groups, K), self.dtype),
+               jax.ShapeDtypeStruct((groups, P, K), self.dtype),
+               jax.ShapeDtypeStruct((groups, K, P, P), self.dtype)]
+        counts, s1, s2 = self.centred.call(
+            _centred_stats_kernel, (Xp.T, Xp, w, lse, logits, pivot, pivot.T), out,
+            interpret=self.interpret, algorithm=self.algorithm)
+        k, p = self.k, self.p
+        return SuffStats(counts.sum(0)[:k], s1.sum(0)[:p, :k].T, s2.sum(0)[:k, :p, :p],
+                         loglik)
+
     def sum_stats(self, counts, s1, s2, loglik) -> SuffStats:
         """Sum the per-group partials, mirror packed second moments and cut the padding."""
         k, p, P = self.k, self.p, self.P
@@ -438,22 +497,27 @@ def log_prob(X, params: MixtureParams, *, precision: str = "highest", interpret:
     return jax.nn.logsumexp(part, axis=0)[:layout.n]
 
 
-def suff_stats(X, params: MixtureParams, sample_weight=None, *, precision: str = "highest",
-               interpret: bool = False, rows_per_chunk: int = ROWS_PER_CHUNK,
-               density_blocks: dict | None = None, stats_blocks: dict | None = None
+def suff_stats(X, params: MixtureParams, sample_weight=None, pivot=None, *,
+               precision: str = "highest", interpret: bool = False,
+               rows_per_chunk: int = ROWS_PER_CHUNK, density_blocks: dict | None = None,
+               stats_blocks: dict | None = None, centred_blocks: dict | None = None
                ) -> SuffStats:
     """Fused E-step statistics per row chunk: the density pass (logits and block lse), then
-    the statistics pass over the stored logits."""
+    the statistics pass over the stored logits: about the origin, or with ``pivot`` (k, p)
+    about c_j per component (:func:`_centred_stats_kernel`, settings ``centred_blocks``)."""
     def chunk(Xc, wc):
         layout = _Layout(*Xc.shape, params.n_components, X.dtype, precision=precision,
                          interpret=interpret, density_blocks=density_blocks,
-                         stats_blocks=stats_blocks)
+                         stats_blocks=stats_blocks, centred_blocks=centred_blocks)
         Xp = layout.padded_x(Xc)
         part, logits = layout.density_pass(Xp, layout.coefficients(params), store_logits=True)
         lse = jax.nn.logsumexp(part, axis=0)
         w = layout.pad_rows(wc)
+        loglik = jnp.sum(w * lse)
+        if pivot is not None:
+            return (layout.centred_stats(Xp, w, lse, logits, pivot, loglik),)
         partials = layout.stats_pass(_suff_stats_kernel, Xp, (w, lse, logits))
-        return (layout.sum_stats(*partials, jnp.sum(w * lse)),)
+        return (layout.sum_stats(*partials, loglik),)
 
     return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, sample_weight)))[0]
 
@@ -573,11 +637,8 @@ def mvn_logpdf(X, params: MixtureParams, *, precision: str = "highest", interpre
 # imbalanced labels (a Gibbs sweep's start) keep every SM busy.
 
 # Row tile, tiles per work item and warps per float32 dot algorithm (float64 takes
-# "highest"): among the fastest of a sweep on an H100 at n = 1e6, p = 16, k = 256, away
-# from settings that ran ~10x slower there (tf32x3 with 256-row tiles on 2 warps, highest
-# with 128-row tiles on 2 warps, 512-row tiles on 1 warp): kernel 0.085 / 0.086 ms.
-# float64 (same H100 and size, 2026-11-25): draw + label statistics 8.70-8.77 ms for six
-# settings from 32 to 256 rows on 1 to 4 warps, so it keeps "highest"'s.
+# "highest"'s): among the fastest of bench_mixture's sweep at n = 1e6, p = 16, k = 256,
+# away from settings an order of magnitude slower (wide tiles on few warps).
 LABEL_BLOCKS = {
     "tf32x3": {"block_n": 128, "tiles_per_item": 16, "num_warps": 2},
     "highest": {"block_n": 256, "tiles_per_item": 8, "num_warps": 2},

@@ -83,6 +83,20 @@ def _check_type(covariance_type: str) -> None:
             f"covariance_type must be one of {COVARIANCE_TYPES}, got {covariance_type=!r}")
 
 
+def _check_shapes(weights, means, matrices, covariance_type: str, name: str) -> None:
+    """Raise unless weights (*b, k), means (*b, k, p) and ``name`` (the covariance type's
+    shape) agree on k and p."""
+    if means.ndim < 2 or weights.shape != means.shape[:-1]:
+        raise ValueError(f"weights must be (*b, k) and means (*b, k, p) with one k, got "
+                         f"{weights.shape=} and {means.shape=}")
+    *batch, k, p = means.shape
+    expected = tuple(batch) + {"full": (k, p, p), "tied": (p, p), "diag": (k, p),
+                               "spherical": (k,)}[covariance_type]
+    if matrices.shape != expected:
+        raise ValueError(f"{name} for covariance_type={covariance_type!r} must have shape "
+                         f"{expected}, got {matrices.shape}")
+
+
 def _upper_cholesky_of_inverse(cov: Float[Array, "p p"]) -> Float[Array, "p p"]:
     """U upper triangular with U U^T = cov^-1 (scikit-learn's convention); NaN if not PD."""
     lower = jnp.linalg.cholesky(cov)
@@ -164,19 +178,30 @@ class MixtureParams:
 
     @classmethod
     def from_covariances(cls, weights, means, covariances, covariance_type: str = "full"):
-        """Parameters from weights (k,), means (k, p) and covariances (type-dependent shape)."""
+        """Parameters from weights (k,), means (k, p) and covariances (type-dependent shape).
+
+        Raises:
+            ValueError: an unknown covariance type, or shapes that disagree on k or p.
+        """
         _check_type(covariance_type)
-        covariances = jnp.asarray(covariances)
-        return cls(jnp.asarray(weights), jnp.asarray(means), covariances,
+        weights, means, covariances = map(jnp.asarray, (weights, means, covariances))
+        _check_shapes(weights, means, covariances, covariance_type, "covariances")
+        return cls(weights, means, covariances,
                    precisions_cholesky_from_covariances(covariances, covariance_type),
                    covariance_type)
 
     @classmethod
     def from_precisions(cls, weights, means, precisions, covariance_type: str = "full"):
-        """Parameters from weights (k,), means (k, p) and precisions (type-dependent shape)."""
+        """Parameters from weights (k,), means (k, p) and precisions (type-dependent shape).
+
+        Raises:
+            ValueError: an unknown covariance type, or shapes that disagree on k or p.
+        """
         _check_type(covariance_type)
-        chol = precisions_cholesky_from_precisions(jnp.asarray(precisions), covariance_type)
-        return cls(jnp.asarray(weights), jnp.asarray(means),
+        weights, means, precisions = map(jnp.asarray, (weights, means, precisions))
+        _check_shapes(weights, means, precisions, covariance_type, "precisions")
+        chol = precisions_cholesky_from_precisions(precisions, covariance_type)
+        return cls(weights, means,
                    covariances_from_precisions_cholesky(chol, covariance_type), chol,
                    covariance_type)
 
@@ -298,8 +323,17 @@ def _chunked_stats(chunk_fn, batch_size, X, *row_arrays):
                              first)
 
 
-def _stats_of(X, resp, loglik):
-    """SuffStats of one chunk from its (already weighted) responsibilities (c, k)."""
+def _stats_of(X, resp, loglik, pivot=None):
+    """SuffStats of one chunk from its (already weighted) responsibilities (c, k); with a
+    pivot (k, p), of the deviations x - c_j from component j's pivot."""
+    if pivot is not None:
+        Y = X[:, None, :] - pivot[None, :, :]  # (c, k, p)
+        return SuffStats(
+            counts=jnp.sum(resp, axis=0),
+            sum_x=jnp.einsum("ck,cka->ka", resp, Y, precision=_EXACT),
+            sum_xx=jnp.einsum("ck,cka,ckb->kab", resp, Y, Y, precision=_EXACT),
+            loglik=loglik,
+        )
     return SuffStats(
         counts=jnp.sum(resp, axis=0),
         sum_x=jnp.matmul(resp.T, X, precision=_EXACT),
@@ -308,16 +342,22 @@ def _stats_of(X, resp, loglik):
     )
 
 
-def suff_stats(X, params: MixtureParams, sample_weight=None, *,
+def suff_stats(X, params: MixtureParams, sample_weight=None, pivot=None, *,
                batch_size: int = DEFAULT_BATCH_SIZE) -> SuffStats:
-    """E-step statistics (N, sum r x, sum r x x^T, sum w log p) accumulated over row chunks."""
+    """E-step statistics (N, sum r x, sum r x x^T, sum w log p) accumulated over row chunks.
+
+    With ``pivot`` (k, p) the moments are centred per component: sum_i r_ij (x_i - c_j)
+    and sum_i r_ij (x_i - c_j)(x_i - c_j)^T, each deviation formed before its product, so
+    that a covariance S2'/N - d d^T (d = S1'/N) keeps the small eigenvalues of a
+    component far from the origin when c_j is near its mean.
+    """
     row = _row_weighted_fn(params)
 
     def chunk_fn(Xc, wc):
         wlp = jax.vmap(row)(Xc)
         lse = jax.nn.logsumexp(wlp, axis=1)
         resp = jnp.exp(wlp - lse[:, None]) * wc[:, None]
-        return _stats_of(Xc, resp, jnp.sum(wc * lse))
+        return _stats_of(Xc, resp, jnp.sum(wc * lse), pivot)
 
     return _chunked_stats(chunk_fn, batch_size, X, row_weights(X, sample_weight))
 

@@ -41,11 +41,11 @@ Loads. Lane ``i`` reads row ``i``, so the rows' loads are uncoalesced (an Nsight
 profile of the ``k = 12`` launch: the L1 data pipe 75 % busy, most of it these loads); fewer
 load instructions paid, but coalesced tiles and shared-memory staging were slower
 (``benchmarks/results/*/probes/border_*.md``). In a launch of one ``k <= 12`` on one warp
-(``FIXED_K``, :func:`_chunk_fixed_k`), each row's ``H_tb`` block of ``d k`` contiguous entries loads as a
-tuple of vectors, 16 bytes a lane for even ``d`` (every block then starts at an even
-offset), and whitens column by column; the ``Y`` tiles for the dots are assembled in
-registers (:func:`_stack16`). ``H_tt``, ``g_t`` and ``delta_t`` move in pairs too for even
-``d`` (:func:`_row_entries`), which shortens the solve of the benchmark batch.
+(``FIXED_K``, :func:`_chunk_fixed_k`), each row's ``H_tb`` block of ``d k`` contiguous
+entries loads as a tuple of vectors, 16 bytes a lane for even ``d`` (every block then starts
+at an even offset), and whitens column by column; the ``Y`` tiles for the dots are assembled
+in registers (:func:`_stack16`). ``H_tt``, ``g_t`` and ``delta_t`` move in pairs too for
+even ``d`` (:func:`_row_entries`), which shortens the solve of the benchmark batch.
 
 Layout of the runtime-``k`` path: the ``H_tb`` tiles' column offsets pass through a PTX
 move (:func:`_opaque`),
@@ -54,8 +54,8 @@ per thread (``threadsPerWarp = [32, 1]``) instead of a row across 16 threads. Th
 scalar work (``d`` square roots and the whitening factors) then runs once per row instead
 of 16 times (the probe records ``benchmarks/results/*/probes/border_*.md`` have the
 timings and what was tried). ptxas still sees the constant offsets and folds them into the
-loads' address immediates: a tile element costs its load, a predicate and a zero, not an address. (An
-earlier form multiplied the columns by a runtime 1; Triton's interpreter, which has no
+loads' address immediates: a tile element costs its load, a predicate and a zero, not an
+address. (An earlier form multiplied the columns by a runtime 1; Triton's interpreter, which has no
 inline assembly, still does.) Index arithmetic is int32, as in the Pallas kernels
 (``BorderBatch`` checks the packed sizes), up to the rows' ``H_tb`` pointers.
 """

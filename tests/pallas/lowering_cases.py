@@ -186,6 +186,9 @@ def mixture_cases() -> list[LoweringCase]:
             X, prm, precision="tf32x3", stats_blocks=dict(moments="packed")),
         "suff_stats_small_blocks": lambda X, prm: suff_stats(
             X, prm, density_blocks=small, stats_blocks=small),
+        "suff_stats_centred": lambda X, prm: suff_stats(X, prm, pivot=prm.means),
+        "suff_stats_centred_tf32x3": lambda X, prm: suff_stats(X, prm, pivot=prm.means,
+                                                               precision="tf32x3"),
         "mvn_logpdf": lambda X, prm: mvn_logpdf(X, prm),
         "sample_labels_with_stats": lambda X, prm: sample_labels_with_stats(
             jax.random.key(0), X, prm),

@@ -68,6 +68,55 @@ class TestMixtureKernels(KernelTests):
         np.testing.assert_array_equal(got.sum_xx, jnp.swapaxes(got.sum_xx, 1, 2))
         assert_close(got.loglik, want.loglik, rtol=rtol)
 
+    @pytest.mark.parametrize("n,p,k,dtype", [(1, 2, 1, np.float64), (37, 3, 9, np.float64),
+                                             (50, 17, 9, np.float32)])
+    def test_centred_suff_stats_vs_numpy(self, n, p, k, dtype):
+        """Statistics about a pivot per component against float64 numpy sums of
+        r (x - c_j) (x - c_j)^T; ragged rows and components, P = 32 for p = 17."""
+        X, params, rng = make_case(n, p, k, dtype)
+        kw = self.compiled_kwargs()
+        w = rng.uniform(0.1, 2.0, n)
+        pivot = np.asarray(params.means, np.float64) + rng.normal(size=(k, p)) * 0.3
+        got = kernels.suff_stats(X, params, jnp.asarray(w, dtype), jnp.asarray(pivot, dtype),
+                                 density_blocks=BLOCKS, centred_blocks=STATS_BLOCKS, **kw)
+        resp = np.asarray(ref.responsibilities(X.astype(jnp.float64), jax.tree.map(
+            lambda a: a.astype(jnp.float64), params))) * w[:, None]
+        Y = np.asarray(X, np.float64)[:, None, :] - pivot[None]
+        want_xx = np.einsum("nk,nka,nkb->kab", resp, Y, Y)
+        rtol = kernel_rtol(dtype)
+        scale = np.abs(want_xx).max()
+        assert_close(got.counts, resp.sum(0), rtol=rtol, atol=rtol * n)
+        assert_close(got.sum_x, np.einsum("nk,nka->ka", resp, Y), rtol=rtol, atol=rtol * scale)
+        assert_close(got.sum_xx, want_xx, rtol=rtol, atol=rtol * scale)
+
+    def test_centred_statistics_keep_thin_far_components_in_float32(self):
+        """Two thin components at +-1e3 from the origin (smallest variance 1e-4): covariances
+        from the kernel's statistics about the means keep the smallest eigenvalue to 1e-2
+        relative; the raw moments about the origin lose it (cancellation ~eps 1e6)."""
+        rng = np.random.default_rng(3)
+        p, per = 4, 48
+        thin = np.diag([1.0, 0.5, 0.1, 1e-4]) ** 0.5
+        means = np.array([[1e3, -1e3, 5e2, 1e3], [-1e3, 1e3, -5e2, -1e3]])
+        X = np.concatenate([m + rng.normal(size=(per, p)) @ thin for m in means])
+        cov64 = np.stack([np.cov(X[i * per:(i + 1) * per].T, bias=True) for i in range(2)])
+        params = MixtureParams.from_covariances(np.full(2, 0.5), means, cov64, "full")
+        params32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+        X32 = jnp.asarray(X, jnp.float32)
+        kw = self.compiled_kwargs()
+        stats = kernels.suff_stats(X32, params32, None, params32.means, density_blocks=BLOCKS,
+                                   centred_blocks=STATS_BLOCKS, **kw)
+        got = mixture.m_step(stats, reg_covar=0.0, pivot=params32.means).covariances
+        X64 = np.asarray(X32, np.float64)  # the float32 data, exactly
+        want = np.stack([np.cov(X64[i * per:(i + 1) * per].T, bias=True) for i in range(2)])
+        assert_close(np.linalg.eigvalsh(np.asarray(got, np.float64))[:, 0],
+                     np.linalg.eigvalsh(want)[:, 0], rtol=1e-2)
+        raw = kernels.suff_stats(X32, params32, density_blocks=BLOCKS,
+                                 stats_blocks=STATS_BLOCKS, **kw)
+        raw_cov = np.asarray(raw.sum_xx / raw.counts[:, None, None], np.float64) - np.einsum(
+            "ka,kb->kab", *(2 * [np.asarray(raw.sum_x / raw.counts[:, None], np.float64)]))
+        assert np.all(np.abs(np.linalg.eigvalsh(raw_cov)[:, 0] / np.linalg.eigvalsh(want)[:, 0]
+                             - 1) > 1e-1)
+
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
     def test_sample_labels_and_label_stats(self, dtype):
         X, params, _ = make_case(37, 3, 5, dtype)

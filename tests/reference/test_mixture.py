@@ -66,6 +66,14 @@ def test_densities_and_statistics_vs_scipy_and_loops(data, covariance_type):
     assert_close(stats.sum_x, wr.T @ X, rtol=1e-12, atol=1e-13)
     assert_close(stats.sum_xx, expected_xx, rtol=1e-12, atol=1e-13)
     assert_close(stats.loglik, np.sum(w * lse), rtol=1e-12)
+    # about a pivot per component: sum r (x - c_j), sum r (x - c_j)(x - c_j)^T
+    pivot = means + rng.normal(size=means.shape)
+    centred = ref.suff_stats(X, params, w, pivot, batch_size=6)
+    expected_xx = np.stack([sum(wr[i, j] * np.outer(X[i] - pivot[j], X[i] - pivot[j])
+                                for i in range(len(X))) for j in range(K)])
+    assert_close(centred.counts, wr.sum(0), rtol=1e-12)
+    assert_close(centred.sum_x, wr.T @ X - wr.sum(0)[:, None] * pivot, rtol=1e-12, atol=1e-13)
+    assert_close(centred.sum_xx, expected_xx, rtol=1e-12, atol=1e-13)
 
 
 def test_sample_labels_is_the_inverse_cdf_of_one_uniform(data):
