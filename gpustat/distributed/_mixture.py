@@ -1,13 +1,12 @@
 """Data-parallel mixture drivers: EM and blocked Gibbs with rows split over a mesh.
 
-The whole loop runs inside one ``jax.shard_map``: each device keeps its block of
-rows resident, computes the fused E-step statistics of its block
-(:func:`gpustat.mixture.suff_stats`, Pallas kernel on GPUs) and one ``lax.psum``
-of the :class:`~gpustat.mixture.SuffStats` (k (1 + p + p^2) + 1 numbers) makes them
-global; the closed-form M-step then runs replicated on every device, so the
-parameters never leave the devices and every device takes the same branch of the
-``while_loop``. The data are centred by their global weighted mean (also one
-``psum``) as the single-device drivers do.
+These are the single-device loops of :mod:`gpustat.mixture` run inside one
+``jax.shard_map`` with their ``axis_name``: each device keeps its block of rows resident,
+computes the fused E-step statistics of its block (Pallas kernel on GPUs) and one
+``lax.psum`` of the :class:`~gpustat.mixture.SuffStats` makes them global; the
+closed-form M-step then runs replicated on every device, so the parameters never leave
+the devices and every device takes the same branch of the ``while_loop``. The data are
+centred by their global weighted mean (one ``psum``) as on one device.
 
 Gibbs: each device draws the labels of its rows from its own key
 (``fold_in(key, device index)``), the label statistics are ``psum``-ed, and the
@@ -18,7 +17,6 @@ replicated parameters stay identical.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,66 +25,21 @@ from jaxtyping import Array, Float
 
 from gpustat import mixture
 from gpustat.distributed._mesh import pad_rows, padded_rows, row_axis, to_mesh
+from gpustat.mixture import _ops as mixture_ops
+from gpustat.mixture._em import check_em_arguments, fit_em_rows, weighted_shift
+from gpustat.mixture._gibbs import run_chain
 from gpustat.mixture._validation import (
     check_data,
     check_params,
-    check_reg_covar,
-    check_sample_weight,
 )
 
-__all__ = ["fit_em", "fit_gibbs", "gibbs_sweep"]
+__all__ = ["fit_em", "fit_gibbs"]
 
 
 def _rows_in(mesh: Mesh, X, w):
     n_to = padded_rows(X.shape[0], mesh)
     padded = pad_rows(X, n_to), pad_rows(w, n_to, 0)  # padding rows weigh nothing
     return to_mesh(padded, mesh, PartitionSpec(row_axis(mesh)))
-
-
-def _global_mean(X, w, axis):
-    """The weighted mean of all devices' rows (the drivers' centring shift) and the total
-    weight, from one block of rows each."""
-    total_w = jax.lax.psum(jnp.sum(w), axis)
-    weighted_sum = jax.lax.psum(jnp.matmul(w, X, precision=jax.lax.Precision.HIGHEST), axis)
-    return weighted_sum / total_w, total_w
-
-
-def _em_block(X, w, init, *, axis, tol, max_iter, reg_covar, weight_prior, component_prior,
-              backend, precision):
-    """The EM loop on one device's rows; statistics are summed over ``axis``."""
-    shift, total_w = _global_mean(X, w, axis)
-    Xc = X - shift
-    prior = None if component_prior is None else dataclasses.replace(
-        component_prior, mean=component_prior.mean - shift)
-
-    def stats_of(params):
-        local = mixture.suff_stats(Xc, params, w, backend=backend, precision=precision)
-        return jax.lax.psum(local, axis)
-
-    def cond(state):
-        _, _, n_iter, converged, status, _ = state
-        return (n_iter < max_iter) & ~converged & (status == mixture.STATUS_OK)
-
-    def body(state):
-        params, lb, n_iter, _, _, trace = state
-        stats = stats_of(params)
-        new_lb = stats.loglik / total_w
-        new = mixture.m_step(stats, covariance_type=params.covariance_type, reg_covar=reg_covar,
-                             weight_prior=weight_prior, component_prior=prior)
-        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(a)) for a in
-                                    (new.weights, new.means, new.precisions_cholesky)]))
-        params = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, params)
-        converged = finite & (jnp.abs(new_lb - lb) < tol)
-        status = jnp.where(finite, mixture.STATUS_OK,
-                           mixture.STATUS_ILL_DEFINED_COVARIANCE).astype(jnp.int32)
-        return params, new_lb, n_iter + 1, converged, status, trace.at[n_iter].set(new_lb)
-
-    start = dataclasses.replace(init, means=init.means - shift)
-    state = (start, jnp.asarray(-jnp.inf, X.dtype), jnp.int32(0), jnp.bool_(False),
-             jnp.int32(mixture.STATUS_OK), jnp.full((max(max_iter, 1),), jnp.nan, X.dtype))
-    params, lb, n_iter, converged, status, trace = jax.lax.while_loop(cond, body, state)
-    params = dataclasses.replace(params, means=params.means + shift)
-    return mixture.EMResult(params, lb, trace[:max_iter], n_iter, converged, status, lb[None])
 
 
 def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
@@ -123,63 +76,22 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
     Raises:
         ValueError: as :func:`gpustat.mixture.fit_em`.
     """
-    X = check_data(X)
-    if init.weights.ndim not in (1, 2):
-        raise ValueError(f"init.weights must be (k,) or, with restarts, (r, k), got "
-                         f"{init.weights.shape=}")
-    check_reg_covar(reg_covar)
-    if max_iter < 0:
-        raise ValueError(f"max_iter must be >= 0, got {max_iter=}")
-    batched = init.weights.ndim == 2
-    check_params(jax.tree.map(lambda a: a[0], init) if batched else init, X.shape[1], X.dtype)
-    init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
-    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
-    w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
-    axis = row_axis(mesh)
-    block = functools.partial(
-        _em_block, axis=axis, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
+    X, w, init, settings = check_em_arguments(
+        X, init, sample_weight=sample_weight, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
         weight_prior=weight_prior, component_prior=component_prior, backend=backend,
         precision=precision)
-    if batched:
-        block = jax.vmap(block, in_axes=(None, None, 0))
+    w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
+    axis = row_axis(mesh)
+    priors = settings.pop("weight_prior"), settings.pop("component_prior")
+
+    def block(X, w, init, priors):
+        return fit_em_rows(X, w, init, jnp.asarray(-jnp.inf, X.dtype), weight_prior=priors[0],
+                           component_prior=priors[1], axis_name=axis, **settings)
+
     row, shared = PartitionSpec(axis), PartitionSpec()
-    result = jax.shard_map(block, mesh=mesh, in_specs=(row, row, shared), out_specs=shared,
-                           check_vma=False)(*_rows_in(mesh, X, w), to_mesh(init, mesh, shared))
-    return _best_restart(result) if batched else result
-
-
-def _best_restart(result: mixture.EMResult) -> mixture.EMResult:
-    """The restart with the largest final lower bound among those with status OK."""
-    ok = result.status == mixture.STATUS_OK
-    best = jnp.argmax(jnp.where(ok, jnp.nan_to_num(result.lower_bound, nan=-jnp.inf), -jnp.inf))
-    pick = jax.tree.map(lambda a: a[best], result)
-    return dataclasses.replace(pick, status=jnp.min(result.status),
-                               restart_lower_bounds=result.lower_bound)
-
-
-def gibbs_sweep(key, X: Float[Array, "n p"], w: Float[Array, " n"], state: mixture.GibbsState,
-                *, axis: str, component_prior: mixture.NIWPrior,
-                weight_prior: mixture.StickBreakingPrior, sample_alpha: bool = True,
-                backend: str = "auto", precision: str = "highest"):
-    """One blocked-Gibbs sweep on a device's block of (centred) rows, inside ``shard_map``.
-
-    Labels come from ``fold_in(k_z, axis_index(axis))``; rows with weight 0
-    (padding) are drawn but not counted. Returns (new state, summed loglik, counts),
-    identical on every device.
-    """
-    k_z, k_niw, k_v = jax.random.split(key, 3)
-    m = state.params.n_components
-    local_key = jax.random.fold_in(k_z, jax.lax.axis_index(axis))
-    labels, lp = mixture.sample_labels(local_key, X, state.params, backend=backend,
-                                       precision=precision, return_log_prob=True)
-    local = mixture.suff_stats_from_labels(X, labels, m, w, backend=backend,
-                                           precision=precision)
-    stats, loglik = jax.lax.psum((local, jnp.sum(w * lp)), axis)
-    drawn = mixture.sample_niw_posterior(k_niw, component_prior, stats)
-    v, weights, alpha = mixture.sample_sticks(k_v, stats.counts, weight_prior, state.alpha,
-                                              sample_alpha=sample_alpha)
-    params = dataclasses.replace(drawn, weights=weights)
-    return mixture.GibbsState(params, v, alpha), loglik, stats.counts
+    return jax.shard_map(block, mesh=mesh, in_specs=(row, row, shared, shared),
+                         out_specs=shared, check_vma=False)(
+        *_rows_in(mesh, X, w), *to_mesh((init, priors), mesh, shared))
 
 
 def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
@@ -216,26 +128,17 @@ def fit_gibbs(key, X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Me
     prior = jax.tree.map(lambda a: jnp.asarray(a, dtype), prior)
     sticks = mixture.StickBreakingPrior(jnp.asarray(alpha, dtype)) if weight_prior is None \
         else weight_prior
-    m = init.n_components
     axis = row_axis(mesh)
 
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_gibbs", precision)
+
     def chain(X, w, start, prior, sticks, key):
-        shift, _ = _global_mean(X, w, axis)
-        Xc = X - shift
+        shift, _ = weighted_shift(X, w, axis)
         prior = dataclasses.replace(prior, mean=prior.mean - shift)
-        state = mixture.GibbsState(dataclasses.replace(start, means=start.means - shift),
-                                   jnp.zeros((m,), dtype), jnp.asarray(sticks.alpha, dtype))
-
-        def step(state, sweep_key):
-            state, loglik, counts = gibbs_sweep(
-                sweep_key, Xc, w, state, axis=axis, component_prior=prior, weight_prior=sticks,
-                sample_alpha=sample_alpha, backend=backend, precision=precision)
-            return state, (loglik, state.alpha, counts, state.params.weights,
-                           state.params.means + shift, state.params.covariances)
-
-        final, trace = jax.lax.scan(step, state, jax.random.split(key, n_sweeps))
-        final = dataclasses.replace(final, params=dataclasses.replace(
-            final.params, means=final.params.means + shift))
+        start = dataclasses.replace(start, means=start.means - shift)
+        final, trace = run_chain(key, X - shift, start, prior, sticks, shift,
+                                 n_sweeps=n_sweeps, sample_alpha=sample_alpha, path=path,
+                                 precision=precision, w=w, axis_name=axis)
         final, trace = jax.tree.map(lambda a: a[None], (final, trace))
         return mixture.GibbsResult(final, *trace)
 

@@ -133,7 +133,8 @@ def _far_from_pivot(new: MixtureParams, pivot):
     return ~_is_finite(new) | jnp.any(~(moved <= spread))
 
 
-def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_kwargs):
+def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, axis_name=None,
+                     **m_step_kwargs):
     """One EM iteration on statistics centred per component: (statistics, new parameters).
 
     The statistics are taken about the current means (one fused pass; the Triton E-step
@@ -141,11 +142,15 @@ def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_
     farther than its spread from that pivot, or a parameter is not finite, the pass is
     repeated about the new means (same responsibilities), so covariances keep their small
     eigenvalues wherever the components sit. A ``while_loop`` of at most one trip: under
-    ``vmap`` (restarts) it runs only when some restart needs it.
+    ``vmap`` (restarts) it runs only when some restart needs it. With ``axis_name`` (inside
+    ``shard_map``) each device holds a block of rows and the statistics are summed over
+    the axis, so every device takes the same branch.
     """
     def step(pivot):
         stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision,
                                                 pivot=pivot)
+        if axis_name is not None:
+            stats = jax.lax.psum(stats, axis_name)
         return stats, m_step(stats, covariance_type=params.covariance_type, pivot=pivot,
                              **m_step_kwargs)
 
@@ -164,7 +169,9 @@ def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, **m_step_
 
 
 def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_iter, reg_covar,
-             weight_prior, component_prior, path, precision, report_every):
+             weight_prior, component_prior, path, precision, report_every, axis_name=None):
+    """The EM ``while_loop`` on centred rows ``Xc``; ``axis_name``: rows split over that
+    ``shard_map`` axis (statistics summed over it)."""
     dtype = Xc.dtype
 
     def cond(state):
@@ -174,7 +181,8 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_ite
     def body(state):
         params, lb, n_iter, _, _, trace = state
         stats, new = _centred_em_step(Xc, w, params, path=path, precision=precision,
-                                     reg_covar=reg_covar, weight_prior=weight_prior,
+                                     axis_name=axis_name, reg_covar=reg_covar,
+                                     weight_prior=weight_prior,
                                      component_prior=component_prior)
         new_lb = stats.loglik / total_w
         ok = _is_finite(new)
@@ -224,11 +232,25 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         backend, precision); works under ``jax.jit`` and ``jax.vmap``. A collapsing component
         is reported by ``status == 1``, not an exception.
     """
+    X, w, init, settings = check_em_arguments(
+        X, init, sample_weight=sample_weight, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
+        weight_prior=weight_prior, component_prior=component_prior, backend=backend,
+        precision=precision, report_every=report_every)
+    return _fit_em_jit(X, w, init, jnp.asarray(initial_lower_bound, X.dtype), **settings)
+
+
+def check_em_arguments(X, init, *, sample_weight, tol, max_iter, reg_covar, weight_prior,
+                       component_prior, backend, precision, report_every=0):
+    """Validate :func:`fit_em`'s arguments once: (X, w, init, the keyword settings of
+    :func:`fit_em_rows`), with the backend resolved to its path."""
     X = check_data(X)
     check_reg_covar(reg_covar)
     if not (isinstance(tol, numbers.Real) and tol >= 0):  # NaN never converged
         raise ValueError(f"tol must be a non-negative number, got {tol=}")
     max_iter = check_int(max_iter, "max_iter", 0)
+    if init.weights.ndim not in (1, 2):
+        raise ValueError(f"init.weights must be (k,) or, with restarts, (r, k), got "
+                         f"{init.weights.shape=}")
     batched = init.weights.ndim == 2
     one = jax.tree.map(lambda a: a[0], init) if batched else init
     check_params(one, X.shape[1], X.dtype)
@@ -238,19 +260,31 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
     component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
     check_precision(precision)
     path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em", precision)
-    return _fit_em_jit(X, init, w, weight_prior, component_prior,
-                       jnp.asarray(initial_lower_bound, X.dtype), tol=tol, max_iter=max_iter,
-                       reg_covar=reg_covar, path=path, precision=precision,
-                       report_every=check_int(report_every, "report_every", 0))
+    return X, w, init, dict(weight_prior=weight_prior, component_prior=component_prior,
+                            tol=tol, max_iter=max_iter, reg_covar=reg_covar, path=path,
+                            precision=precision,
+                            report_every=check_int(report_every, "report_every", 0))
 
 
-@functools.partial(jax.jit, static_argnames=("tol", "max_iter", "reg_covar", "path",
-                                             "precision", "report_every"))
-def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, *, tol,
-                max_iter, reg_covar, path, precision, report_every):
+def weighted_shift(X, w, axis_name=None):
+    """(the weighted mean of the rows, the total weight): the drivers' centring shift;
+    with ``axis_name``, of every device's block of rows (one ``psum``)."""
     weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
     total_w = jnp.sum(weights)
-    shift = jnp.matmul(weights, X, precision=jax.lax.Precision.HIGHEST) / total_w
+    weighted_sum = jnp.matmul(weights, X, precision=jax.lax.Precision.HIGHEST)
+    if axis_name is not None:
+        total_w, weighted_sum = jax.lax.psum((total_w, weighted_sum), axis_name)
+    return weighted_sum / total_w, total_w
+
+
+def fit_em_rows(X, w, init, initial_lower_bound, *, tol, max_iter, reg_covar, weight_prior,
+                component_prior, path, precision, report_every=0, axis_name=None) -> EMResult:
+    """EM on validated rows: centring, the loop (restarts vmapped), the best restart.
+
+    The single-device driver calls it under ``jit``; :mod:`gpustat.distributed` calls it
+    inside ``shard_map`` with ``axis_name``, each device holding a block of rows.
+    """
+    shift, total_w = weighted_shift(X, w, axis_name)
     Xc = X - shift
     if component_prior is not None:
         component_prior = dataclasses.replace(component_prior,
@@ -260,7 +294,8 @@ def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, 
         out = _em_loop(Xc, w, total_w, _shift_means(start, -shift), initial_lower_bound,
                        restart, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
                        weight_prior=weight_prior, component_prior=component_prior,
-                       path=path, precision=precision, report_every=report_every)
+                       path=path, precision=precision, report_every=report_every,
+                       axis_name=axis_name)
         return (_shift_means(out[0], shift), *out[1:])
 
     if init.weights.ndim == 1:
@@ -273,6 +308,10 @@ def _fit_em_jit(X, init, w, weight_prior, component_prior, initial_lower_bound, 
     pick = lambda a: a[best]  # noqa: E731
     return EMResult(jax.tree.map(pick, params), lb[best], trace[best], n_iter[best],
                     converged[best], jnp.min(status), lb)
+
+
+_fit_em_jit = jax.jit(fit_em_rows, static_argnames=(
+    "tol", "max_iter", "reg_covar", "path", "precision", "report_every", "axis_name"))
 
 
 def fit_bem(X: Float[Array, "n p"], init: MixtureParams, *, alpha: float = 1.0,

@@ -154,16 +154,67 @@ def sample_sticks(key, counts: Float[Array, " m"], prior: StickBreakingPrior, al
 
 def gibbs_sweep(key, X, state: GibbsState, *, component_prior: NIWPrior,
                 weight_prior: StickBreakingPrior, sample_alpha: bool = True,
-                path: str = "reference", precision: str = "highest"):
-    """One blocked-Gibbs sweep on (centred) X; returns (new state, loglik, counts)."""
+                path: str = "reference", precision: str = "highest", w=None, axis_name=None):
+    """One blocked-Gibbs sweep on (centred) X; returns (new state, loglik, counts).
+
+    ``w``: optional (n,) row weights (0 for padding rows: drawn, not counted).
+    ``axis_name``: inside ``shard_map``, X is one device's block of rows; its labels come
+    from ``fold_in(key, axis_index)``, the label statistics and log-likelihood are summed
+    over the axis and the conjugate draws share one key, so every device holds the same
+    state.
+    """
     k_z, k_niw, k_v = jax.random.split(key, 3)
-    _, lp, stats = mixture_ops.dispatch_sample_labels_with_stats(k_z, X, state.params, path=path,
-                                                                 precision=precision)
+    m = state.params.n_components
+    if axis_name is not None:
+        k_z = jax.random.fold_in(k_z, jax.lax.axis_index(axis_name))
+    if w is None:
+        _, lp, stats = mixture_ops.dispatch_sample_labels_with_stats(
+            k_z, X, state.params, path=path, precision=precision)
+        loglik = jnp.sum(lp)
+    else:
+        labels, lp = mixture_ops.dispatch_sample_labels(k_z, X, state.params, path=path,
+                                                        precision=precision,
+                                                        return_log_prob=True)
+        stats = mixture_ops.dispatch_suff_stats_from_labels(X, labels, m, w, path=path,
+                                                            precision=precision)
+        loglik = jnp.sum(w * lp)
+    if axis_name is not None:
+        stats, loglik = jax.lax.psum((stats, loglik), axis_name)
     drawn = sample_niw_posterior(k_niw, component_prior, stats)
     v, weights, alpha = sample_sticks(k_v, stats.counts, weight_prior, state.alpha,
                                       sample_alpha=sample_alpha)
     params = dataclasses.replace(drawn, weights=weights)
-    return GibbsState(params, v, alpha), jnp.sum(lp), stats.counts
+    return GibbsState(params, v, alpha), loglik, stats.counts
+
+
+def run_chain(key, Xc, start: MixtureParams, prior: NIWPrior, sticks_prior, shift, *,
+              n_sweeps: int, sample_alpha: bool, path: str, precision: str,
+              progress: bool = False, w=None, axis_name=None):
+    """One chain of ``n_sweeps`` sweeps on centred rows from ``start`` (centred means):
+    (final state, trace (loglik, alpha, counts, weights, means, covariances) per sweep),
+    means in the original coordinates (``+ shift``). ``w`` and ``axis_name`` as
+    :func:`gibbs_sweep`."""
+    dtype = Xc.dtype
+    state = GibbsState(start, jnp.zeros((start.n_components,), dtype),
+                       jnp.asarray(sticks_prior.alpha, dtype))
+
+    def step(state, sweep):
+        sweep_key, index = sweep
+        state, loglik, counts = gibbs_sweep(
+            sweep_key, Xc, state, component_prior=prior, weight_prior=sticks_prior,
+            sample_alpha=sample_alpha, path=path, precision=precision, w=w,
+            axis_name=axis_name)
+        if progress:
+            jax.debug.callback(_report_sweep, index + 1, loglik)
+        trace = (loglik, state.alpha, counts, state.params.weights,
+                 state.params.means + shift, state.params.covariances)
+        return state, trace
+
+    final, trace = jax.lax.scan(step, state, (jax.random.split(key, n_sweeps),
+                                              jnp.arange(n_sweeps)))
+    final = dataclasses.replace(final, params=dataclasses.replace(
+        final.params, means=final.params.means + shift))
+    return final, trace
 
 
 def fit_gibbs(key, X: Float[Array, "n p"], n_components: int, *, n_sweeps: int = 200,
@@ -287,25 +338,10 @@ def _fit_gibbs_jit(key, X, init, component_prior, sticks_prior, *, n_components,
         starts = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_chains, *a.shape)), one)
 
     def chain(chain_key, start):
-        state = GibbsState(start, jnp.zeros((n_components,), dtype),
-                           jnp.asarray(sticks_prior.alpha, dtype))
-
-        def step(state, sweep):
-            sweep_key, index = sweep
-            state, loglik, counts = gibbs_sweep(
-                sweep_key, Xc, state, component_prior=prior, weight_prior=sticks_prior,
-                sample_alpha=sample_alpha, path=path, precision=precision)
-            if progress:
-                jax.debug.callback(_report_sweep, index + 1, loglik)
-            trace = (loglik, state.alpha, counts, state.params.weights,
-                     state.params.means + shift, state.params.covariances)
-            return state, trace
-
-        return jax.lax.scan(step, state, (jax.random.split(chain_key, n_sweeps),
-                                          jnp.arange(n_sweeps)))
+        return run_chain(chain_key, Xc, start, prior, sticks_prior, shift, n_sweeps=n_sweeps,
+                         sample_alpha=sample_alpha, path=path, precision=precision,
+                         progress=progress)
 
     final, trace = jax.vmap(chain)(keys, starts)
-    final = dataclasses.replace(final, params=dataclasses.replace(
-        final.params, means=final.params.means + shift))
     return GibbsResult(final, *trace)
 
