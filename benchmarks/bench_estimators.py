@@ -46,13 +46,13 @@ VOCAB_ROWS, VOCAB_FIELDS, VOCAB_SMALL, VOCAB_LARGE = 20_000, 8, 20_000, 1_000_00
 VOCAB_FIT = dict(n_factors=4, batch_size=256, max_iter=30, random_state=0)
 
 
-def _epoch_program(est, X, y, fields, backend, dtype=np.float32):
+def _epoch_program(est, X, y, fields, backend, dtype=np.float32, n_fields=N_FIELDS):
     """(run, args): one epoch of ``est``'s training on device-resident data, as ``fit`` runs it."""
     est = est.set_params(backend=backend)
-    est._check_params()
+    backend = est._check_params()
     X = estimators_classes._canonical_csr(X)
     est.classes_ = np.unique(y)
-    params = est._to_internal(est._init_public(np.random.default_rng(0), X.shape[1], N_FIELDS))
+    params = est._to_internal(est._init_public(np.random.default_rng(0), X.shape[1], n_fields))
     tx, lazy, (l2_linear, l2_factors) = est._optimizer()
     n_fields = params["r"].shape[-1] if "r" in params else (
         params["V"].shape[2] if est._model == "ffm" else 1)
