@@ -83,3 +83,21 @@ class KernelTests:
     @pytest.fixture(autouse=True, params=KERNEL_BACKENDS)
     def _kernel_backend(self, request):
         self.backend = request.param
+
+
+def count_compiles(fn) -> int:
+    """How many XLA compilations ``fn()`` triggers (JAX's monitoring events)."""
+    from jax._src import monitoring
+
+    seen = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(event)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        fn()
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    return len(seen)

@@ -15,7 +15,7 @@ from gpustat import mixture
 from gpustat._backend import BackendUnavailableError, cuda_gpu_available
 from gpustat.mixture import _ops as mixture_ops
 from gpustat.reference import mixture as ref
-from tests.helpers import assert_close
+from tests.helpers import assert_close, count_compiles
 
 
 @pytest.fixture(scope="module")
@@ -388,3 +388,37 @@ def test_jit_closing_over_concrete_data_checks_it_eagerly(blobs, params):
         jax.jit(lambda: mixture.log_prob(X_bad, params))()
     with pytest.raises(ValueError, match="labels must lie in"):
         jax.jit(lambda: mixture.suff_stats_from_labels(X, labels_bad, 3))()
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(covariance_type):
+    """A fit, predict, predict_proba, score_samples and score of new data of the same
+    shapes (a new estimator, as in cross-validation) compiles no program."""
+    rng = np.random.default_rng(4)
+    X = np.concatenate([rng.normal(size=(60, 3)), rng.normal(size=(60, 3)) + 4.0])
+
+    def run(X):
+        gm = gpustat.GaussianMixture(2, covariance_type=covariance_type, random_state=0,
+                                     backend="reference").fit(X)
+        gm.predict(X)
+        gm.predict_proba(X)
+        gm.score_samples(X)
+        gm.score(X)
+
+    assert count_compiles(lambda: run(X)) > 0
+    assert count_compiles(lambda: run(X[::-1] * 1.5 + 1.0)) == 0
+
+
+def test_functional_ops_called_again_compile_nothing():
+    X, params = jnp.ones((7, 2)), mixture.MixtureParams.from_covariances(
+        jnp.array([0.4, 0.6]), jnp.array([[0.0, 0.0], [1.0, 1.0]]), jnp.stack([jnp.eye(2)] * 2))
+
+    def run(X):
+        for op in (mixture.mvn_logpdf, mixture.log_prob, mixture.responsibilities,
+                   mixture.suff_stats):
+            op(X, params, backend="reference")
+        mixture.sample_labels(jax.random.key(0), X, params, backend="reference")
+
+    other = X * 2.0  # (its own multiply compiles once)
+    assert count_compiles(lambda: run(X)) > 0
+    assert count_compiles(lambda: run(other)) == 0

@@ -10,13 +10,12 @@ import jax
 import numpy as np
 import pytest
 import sklearn.mixture
-from jax._src import monitoring
 from sklearn.utils.estimator_checks import check_estimator
 
 import gpustat
 from gpustat import BayesianGaussianMixture
 from gpustat.mixture import _bayesian as mixture_bayesian
-from tests.helpers import assert_close, assert_lowers_for_cuda
+from tests.helpers import assert_close, assert_lowers_for_cuda, count_compiles
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 PRIOR_TYPES = ("dirichlet_process", "dirichlet_distribution")
@@ -118,21 +117,6 @@ def test_passes_scikit_learns_estimator_checks():
     assert not failed, failed
 
 
-def _count_compiles(fn):
-    seen = []
-
-    def listen(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(event)
-
-    monitoring.register_event_duration_secs_listener(listen)
-    try:
-        fn()
-    finally:
-        monitoring.unregister_event_duration_listener(listen)
-    return len(seen)
-
-
 def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(data):
     def run(X):
         est = BayesianGaussianMixture(n_components=3, backend="reference", random_state=1,
@@ -143,8 +127,8 @@ def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(data):
         est.set_params(warm_start=True).fit(X + 0.5)  # the same loop program
         return est
 
-    assert _count_compiles(lambda: run(data)) > 0
-    assert _count_compiles(lambda: run(data[::-1] * 2.0)) == 0
+    assert count_compiles(lambda: run(data)) > 0
+    assert count_compiles(lambda: run(data[::-1] * 2.0)) == 0
 
 
 def test_float32_fit_stays_float32_and_near_scikit_learns_float64_fit(data):

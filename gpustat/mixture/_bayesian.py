@@ -300,13 +300,15 @@ def _initial_stats(key, seeds, Xc, n_components: int, method: str) -> SuffStats:
     labels of Lloyd's k-means from k-means++ seeds ("kmeans"), or uniform random rows
     normalised to one ("random")."""
     labels = jnp.arange(n_components)
+    origin = jnp.zeros((n_components, Xc.shape[1]), Xc.dtype)  # raw moments: about 0
     if method == "random_from_data":
-        return _label_stats(Xc[seeds], labels, n_components)
+        return _label_stats(Xc[seeds], labels, origin)
     if method == "k-means++":
-        return _label_stats(Xc[kmeans_plusplus(key, Xc, n_components)], labels, n_components)
+        return _label_stats(Xc[kmeans_plusplus(key, Xc, n_components)], labels, origin)
     if method == "kmeans":
         centres = Xc[kmeans_plusplus(key, Xc, n_components)]
-        return _label_stats(Xc, _lloyd(Xc, centres, _KMEANS_MAX_ITER), n_components)
+        labels, _ = _lloyd(Xc, centres, _KMEANS_MAX_ITER)
+        return _label_stats(Xc, labels, origin)
     resp = jax.random.uniform(key, (Xc.shape[0], n_components), dtype=Xc.dtype)
     return suff_stats_from_responsibilities(Xc, resp / jnp.sum(resp, axis=1, keepdims=True))
 

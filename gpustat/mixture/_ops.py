@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -104,30 +105,46 @@ def _kernel_kwargs(path, precision):
     return {"interpret": path == "interpret", "precision": precision}
 
 
-def _with_reference_derivatives(kernel_fn, reference_fn, *args):
-    """``kernel_fn(*args)``, differentiated as ``reference_fn`` (same arguments and outputs):
-    a ``custom_jvp`` outside the dispatch, since ``pallas_call`` has no derivative rule
-    for these kernels. Reverse mode transposes the reference's linearisation."""
-    op = jax.custom_jvp(kernel_fn)
+# compiled programs by (op, path, precision, static settings): an eager call of an op
+# with shapes seen before runs its program without tracing or compiling anything
+_PROGRAMS: dict[tuple, Callable] = {}
 
-    @op.defjvp
-    def _jvp(primals, tangents):
-        return op(*primals), jax.jvp(reference_fn, primals, tangents)[1]
 
-    return op(*args)
+def _run(key: tuple, build: Callable, *args):
+    """Run the program of ``key`` on ``args``, built once from ``build() -> (kernel_fn,
+    reference_fn)`` (``kernel_fn`` None on the reference path). A kernel is differentiated
+    as the reference (same arguments and outputs) through a ``custom_jvp`` outside the
+    dispatch, since ``pallas_call`` has no derivative rule for these kernels; reverse mode
+    transposes the reference's linearisation."""
+    program = _PROGRAMS.get(key)
+    if program is None:
+        kernel_fn, reference_fn = build()
+        if kernel_fn is None:
+            program = jax.jit(reference_fn)
+        else:
+            op = jax.custom_jvp(kernel_fn)
+
+            @op.defjvp
+            def _jvp(primals, tangents):
+                return op(*primals), jax.jvp(reference_fn, primals, tangents)[1]
+
+            program = jax.jit(op)
+        _PROGRAMS[key] = program
+    return program(*args)
 
 
 def _row_density_op(op: str, X, params, backend, precision):
     """Validate and dispatch ``mvn_logpdf`` or ``log_prob`` (kernels on centred data)."""
     X, params, path = _prepare(X, params, op, backend, precision)
-    if path == "reference":
-        return getattr(_reference, op)(X, params)
 
-    def kernel(X, params):
-        Xs, params_s, _ = _centred(X, params)
-        return getattr(_kernels, op)(Xs, params_s, **_kernel_kwargs(path, precision))
+    def build():
+        def kernel(X, params):
+            Xs, params_s, _ = _centred(X, params)
+            return getattr(_kernels, op)(Xs, params_s, **_kernel_kwargs(path, precision))
 
-    return _with_reference_derivatives(kernel, getattr(_reference, op), X, params)
+        return (None if path == "reference" else kernel), getattr(_reference, op)
+
+    return _run((op, path, precision), build, X, params)
 
 
 def mvn_logpdf(X: Float[Array, "n p"], params: MixtureParams, *, backend: str = "auto",
@@ -177,17 +194,18 @@ def responsibilities(X: Float[Array, "n p"], params: MixtureParams, *, backend: 
         (n, m) responsibilities, rows summing to one.
     """
     X, params, path = _prepare(X, params, "responsibilities", backend, precision)
-    if path == "reference":
-        return _reference.responsibilities(X, params)
 
-    def kernel(X, params):
-        Xs, params_s, _ = _centred(X, params)
-        log_dens = _kernels.mvn_logpdf(Xs, params_s, **_kernel_kwargs(path, precision))
-        # normalise these logits: a log p(x) from another pass rounds differently (float32
-        # rows 1000 sd from every component, |log N| ~ 1e6, summed to 1.06)
-        return jax.nn.softmax(log_dens + jnp.log(params.weights), axis=1)
+    def build():
+        def kernel(X, params):
+            Xs, params_s, _ = _centred(X, params)
+            log_dens = _kernels.mvn_logpdf(Xs, params_s, **_kernel_kwargs(path, precision))
+            # normalise these logits: a log p(x) from another pass rounds differently
+            # (float32 rows 1000 sd from every component, |log N| ~ 1e6, summed to 1.06)
+            return jax.nn.softmax(log_dens + jnp.log(params.weights), axis=1)
 
-    return _with_reference_derivatives(kernel, _reference.responsibilities, X, params)
+        return (None if path == "reference" else kernel), _reference.responsibilities
+
+    return _run(("responsibilities", path, precision), build, X, params)
 
 
 def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
@@ -231,18 +249,19 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
         if pivot.shape != params.means.shape:
             raise ValueError(f"pivot must have the means' shape {params.means.shape}, got "
                              f"{pivot.shape=}")
-    if path == "reference":
-        return _reference.suff_stats(X, params, w, pivot)
 
-    def kernel(X, params, w, pivot):
-        Xs, params_s, shift = _centred(X, params)
-        if pivot is not None:  # moments about the pivots do not move with the shift
-            return dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision,
-                                       pivot=pivot - shift)
-        return _unshift_stats(
-            dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision), shift)
+    def build():
+        def kernel(X, params, w, pivot):
+            Xs, params_s, shift = _centred(X, params)
+            if pivot is not None:  # moments about the pivots do not move with the shift
+                return dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision,
+                                           pivot=pivot - shift)
+            return _unshift_stats(
+                dispatch_suff_stats(Xs, params_s, w, path=path, precision=precision), shift)
 
-    return _with_reference_derivatives(kernel, _reference.suff_stats, X, params, w, pivot)
+        return (None if path == "reference" else kernel), _reference.suff_stats
+
+    return _run(("suff_stats", path, precision), build, X, params, w, pivot)
 
 
 def dispatch_suff_stats(X, params, w, *, path: str, precision: str,
@@ -283,16 +302,18 @@ def sample_labels(key, X: Float[Array, "n p"], params: MixtureParams, *,
             differentiable like :func:`log_prob`, the labels are not).
     """
     X, params, path = _prepare(X, params, "sample_labels", backend, precision)
-    draw = functools.partial(_reference.sample_labels, return_log_prob=return_log_prob)
-    if path == "reference":
-        return draw(key, X, params)
+    return_log_prob = bool(return_log_prob)
 
-    def kernel(key, X, params):
-        Xs, params_s, _ = _centred(X, params)
-        return dispatch_sample_labels(key, Xs, params_s, path=path, precision=precision,
-                                      return_log_prob=return_log_prob)
+    def build():
+        def kernel(key, X, params):
+            Xs, params_s, _ = _centred(X, params)
+            return dispatch_sample_labels(key, Xs, params_s, path=path, precision=precision,
+                                          return_log_prob=return_log_prob)
 
-    return _with_reference_derivatives(kernel, draw, key, X, params)
+        draw = functools.partial(_reference.sample_labels, return_log_prob=return_log_prob)
+        return (None if path == "reference" else kernel), draw
+
+    return _run(("sample_labels", path, precision, return_log_prob), build, key, X, params)
 
 
 def dispatch_sample_labels(key, X, params, *, path: str, precision: str,
@@ -341,19 +362,21 @@ def suff_stats_from_labels(X: Float[Array, "n p"], labels: Int[Array, " n"], n_c
     labels = check_labels(labels, X.shape[0], n_components)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     path = resolve_mixture_backend(backend, X.shape[1], "suff_stats_from_labels", precision)
-    if path == "reference":
-        return _reference.suff_stats_from_labels(X, labels, n_components, w)
+    n_components = int(n_components)
 
-    def reference(X, labels, w):
-        return _reference.suff_stats_from_labels(X, labels, n_components, w)
+    def build():
+        def reference(X, labels, w):
+            return _reference.suff_stats_from_labels(X, labels, n_components, w)
 
-    def kernel(X, labels, w):
-        shift = jnp.mean(X, axis=0)
-        stats = dispatch_suff_stats_from_labels(X - shift, labels, n_components, w, path=path,
-                                                precision=precision)
-        return _unshift_stats(stats, shift)
+        def kernel(X, labels, w):
+            shift = jnp.mean(X, axis=0)
+            stats = dispatch_suff_stats_from_labels(X - shift, labels, n_components, w,
+                                                    path=path, precision=precision)
+            return _unshift_stats(stats, shift)
 
-    return _with_reference_derivatives(kernel, reference, X, labels, w)
+        return (None if path == "reference" else kernel), reference
+
+    return _run(("suff_stats_from_labels", path, precision, n_components), build, X, labels, w)
 
 
 def dispatch_suff_stats_from_labels(X, labels, n_components, w, *, path: str,
