@@ -60,7 +60,7 @@ def as_array(value, name: str, *, op: str = "") -> jax.Array:
         except (TypeError, ValueError) as err:
             raise TypeError(f"{where}{name} must be an array of numbers, got "
                             f"{type(value).__name__}") from err
-    if np.dtype(dtype).kind in "OSUVM":
-        raise TypeError(f"{where}{name} must be an array of numbers, got "
-                        f"{name}.dtype={np.dtype(dtype)}")
+    dtype = np.dtype(dtype)
+    if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):  # bfloat16 is a number
+        raise TypeError(f"{where}{name} must be an array of numbers, got {name}.dtype={dtype}")
     return value if isinstance(value, jax.Array) else jnp.asarray(value)

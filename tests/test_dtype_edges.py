@@ -52,3 +52,13 @@ def test_bad_dtypes_name_the_argument(name, bad):
 def test_estimators_refuse_non_numeric_X_as_scikit_learn_does(estimator, bad):
     with pytest.raises(ValueError, match=r"float|numeric|Complex"):
         estimator.fit(bad, np.ones(2))
+
+
+def test_bfloat16_and_integer_inputs_are_numbers():
+    x = jnp.linspace(0.0, 1.0, 5)
+    for values in (x.astype(jnp.bfloat16), x.astype(jnp.float16), jnp.arange(3)):
+        np.testing.assert_allclose(np.asarray(gpustat.ppoly_eval(PP, values,
+                                                                 backend="reference")),
+                                   np.asarray(gpustat.ppoly_eval(PP, values.astype(jnp.float32),
+                                                                 backend="reference")),
+                                   rtol=1e-2)

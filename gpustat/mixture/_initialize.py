@@ -31,7 +31,9 @@ from gpustat.reference.mixture import (
 __all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
 
 INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
-_ROW_CHUNK = 8192
+# rows per step of the k-means passes: each step holds (chunk, m) distances; steps run in
+# sequence, so a chunk large enough to fill a GPU keeps a Lloyd iteration to a few steps
+_ROW_CHUNK = 1 << 16
 
 
 # XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
