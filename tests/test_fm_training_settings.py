@@ -1,4 +1,4 @@
-"""Review of FM training: lazy Adam on 16-bit parameters, optimizer argument types, and
+"""FM training settings: lazy Adam on 16-bit parameters, optimizer argument types, and
 batches larger than the data."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Piecewise evaluation review: regressions against scipy, closed forms and float64 oracles."""
+"""Piecewise evaluation against scipy, closed forms and float64 oracles."""
 
 import jax
 import jax.numpy as jnp

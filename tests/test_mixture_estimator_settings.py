@@ -1,4 +1,4 @@
-"""Review of ``GaussianMixture`` against scikit-learn: settings named in messages, the
+"""``GaussianMixture`` settings against scikit-learn: settings named in messages, the
 weights_init tolerance, the dtype of scores on narrower X, partial_fit's lower_bounds_."""
 
 import warnings

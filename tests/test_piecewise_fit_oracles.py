@@ -1,4 +1,4 @@
-"""Review regressions for fit_piecewise and activation, against float64 oracles."""
+"""fit_piecewise and activation against float64 oracles."""
 
 import jax.numpy as jnp
 import numpy as np
