@@ -50,8 +50,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from gpustat._checks import is_int
 from gpustat.mixture._em import _report_iteration
-from gpustat.mixture._estimator import _is_real, sample_mixture
-from gpustat.mixture._initialize import INIT_METHODS, _label_stats, _lloyd, kmeans_plusplus
+from gpustat.mixture._estimator import _is_real, check_settings, mixture_settings, sample_mixture
+from gpustat.mixture._initialize import _label_stats, _lloyd, kmeans_plusplus
 from gpustat.mixture._mstep import _mle_covariances
 from gpustat.mixture._ops import (
     dispatch_suff_stats,
@@ -63,7 +63,6 @@ from gpustat.mixture._ops import (
 from gpustat.mixture._priors import stick_weights
 from gpustat.mixture._validation import check_data, check_positive_definite, integers_as_float
 from gpustat.reference.mixture import (
-    COVARIANCE_TYPES,
     MixtureParams,
     SuffStats,
     full_precision_cholesky,
@@ -492,17 +491,8 @@ class BayesianGaussianMixture(DensityMixin, BaseEstimator):
     # ------------------------------------------------------------------ validation
 
     def _check_settings(self) -> None:
-        checks = [
-            (is_int(self.n_components) and self.n_components >= 1, "n_components",
-             "an int >= 1"),
-            (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
-             f"one of {COVARIANCE_TYPES}"),
-            (_is_real(self.tol) and self.tol >= 0, "tol", "a real number >= 0"),
-            (_is_real(self.reg_covar) and self.reg_covar >= 0, "reg_covar",
-             "a real number >= 0"),
-            (is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
-            (is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
-            (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
+        check_settings(self, [
+            *mixture_settings(self),
             (self.weight_concentration_prior_type in WEIGHT_PRIOR_TYPES,
              "weight_concentration_prior_type", f"one of {WEIGHT_PRIOR_TYPES}"),
             (_positive_or_none(self.weight_concentration_prior), "weight_concentration_prior",
@@ -513,13 +503,8 @@ class BayesianGaussianMixture(DensityMixin, BaseEstimator):
              "None or a real number > 0"),
             (isinstance(self.warm_start, (bool, np.bool_)), "warm_start", "a bool"),
             (is_int(self.verbose) and self.verbose >= 0, "verbose", "an int >= 0"),
-            (is_int(self.verbose_interval) and self.verbose_interval >= 1, "verbose_interval",
-             "an int >= 1"),
             (self.precision in _PRECISIONS, "precision", f"one of {_PRECISIONS}"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
+        ])
         check_random_state(self.random_state)  # scikit-learn's ValueError for anything else
 
     def _check_X(self, X, *, fitting: bool) -> jax.Array:

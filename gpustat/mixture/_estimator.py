@@ -121,6 +121,29 @@ def sample_mixture(rng: np.random.RandomState, weights, means, covariances,
     return np.vstack(pieces), labels
 
 
+def mixture_settings(est) -> list[tuple[bool, str, str]]:
+    """(ok, name, expected) of the settings both mixture estimators share."""
+    return [
+        (is_int(est.n_components) and est.n_components >= 1, "n_components", "an int >= 1"),
+        (est.covariance_type in COVARIANCE_TYPES, "covariance_type",
+         f"one of {COVARIANCE_TYPES}"),
+        (_is_real(est.tol) and est.tol >= 0, "tol", "a real number >= 0"),
+        (_is_real(est.reg_covar) and est.reg_covar >= 0, "reg_covar", "a real number >= 0"),
+        (is_int(est.max_iter) and est.max_iter >= 0, "max_iter", "an int >= 0"),
+        (is_int(est.n_init) and est.n_init >= 1, "n_init", "an int >= 1"),
+        (is_int(est.verbose_interval) and est.verbose_interval >= 1, "verbose_interval",
+         "an int >= 1"),
+        (est.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
+    ]
+
+
+def check_settings(est, checks) -> None:
+    """``ValueError`` naming the first setting of ``checks`` that is not ``ok``."""
+    for ok, name, expected in checks:
+        if not ok:
+            raise ValueError(f"{name} must be {expected}, got {name}={getattr(est, name)!r}")
+
+
 class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture fitted by EM; scikit-learn's ``GaussianMixture`` API on JAX.
 
@@ -186,29 +209,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     # ------------------------------------------------------------------ validation
 
     def _check_settings(self) -> None:
-        checks = [
-            (is_int(self.n_components) and self.n_components >= 1, "n_components",
-             "an int >= 1"),
-            (self.covariance_type in COVARIANCE_TYPES, "covariance_type",
-             f"one of {COVARIANCE_TYPES}"),
-            (_is_real(self.tol) and self.tol >= 0, "tol", "a real number >= 0"),
-            (_is_real(self.reg_covar) and self.reg_covar >= 0, "reg_covar",
-             "a real number >= 0"),
-            (is_int(self.max_iter) and self.max_iter >= 0, "max_iter", "an int >= 0"),
-            (is_int(self.n_init) and self.n_init >= 1, "n_init", "an int >= 1"),
-            (is_int(self.verbose_interval) and self.verbose_interval >= 1, "verbose_interval",
-             "an int >= 1"),
-            (self.init_params in INIT_METHODS, "init_params", f"one of {INIT_METHODS}"),
+        check_settings(self, [
+            *mixture_settings(self),
             (self.precision in PRECISION_CHOICES, "precision", f"one of {PRECISION_CHOICES}"),
             # numpy's RandomState (used by ``sample``) takes seeds in [0, 2**32 - 1]
             (self.random_state is None
              or isinstance(self.random_state, np.random.RandomState)
              or (is_int(self.random_state) and 0 <= self.random_state < 2**32),
              "random_state", "None or an int in [0, 2**32 - 1] or a np.random.RandomState"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {expected}, got {name}={getattr(self, name)!r}")
+        ])
 
     def _key(self):
         """The JAX key of an initialisation: from the int seed, else a seed drawn from
