@@ -54,8 +54,9 @@ def test_bad_coeffs_and_modes():
         PiecewisePolynomial(BP, np.ones((2, 3), np.int32))
     with pytest.raises(ValueError, match="extrapolate"):
         PiecewisePolynomial(BP, COEFFS, extrapolate="linear")
-    with pytest.raises(ValueError, match="extrapolate"):
-        PiecewisePolynomial(BP, COEFFS, extrapolate=True)
+    # scipy's spellings are taken: True (and None) extend, False is "nan"
+    assert PiecewisePolynomial(BP, COEFFS, extrapolate=True).extrapolate == "extend"
+    assert PiecewisePolynomial(BP, COEFFS, extrapolate=False).extrapolate == "nan"
 
 
 def test_bad_eval_arguments():
@@ -292,7 +293,7 @@ def test_from_scipy_converts_bernstein_and_decreasing_breakpoints():
     x = np.linspace(-2.0, 4.0, 40)  # no inner breakpoint: there scipy's decreasing PPoly
     for obj in (bern, down):        # takes the lower piece, an increasing one the upper
         assert_close(PiecewisePolynomial.from_scipy(obj)(x), obj(x), rtol=1e-12, atol=1e-12)
-    with pytest.raises(TypeError, match="PPoly or BPoly"):
+    with pytest.raises(TypeError, match=r"PPoly \(or subclass\), BPoly or BSpline"):
         PiecewisePolynomial.from_scipy(np.polynomial.Polynomial([1.0]))
 
 
