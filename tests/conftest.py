@@ -15,3 +15,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled programs after each test module. Every XLA CPU executable keeps
+    memory mappings; a worker that compiles the whole suite's thousands of programs would
+    pass the kernel's limit on mappings per process (vm.max_map_count) and crash."""
+    yield
+    jax.clear_caches()
