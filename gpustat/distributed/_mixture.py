@@ -24,6 +24,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float
 
 from gpustat import mixture
+from gpustat._arrays import row_weights
 from gpustat.distributed._mesh import pad_rows, padded_rows, row_axis, to_mesh
 from gpustat.mixture import _ops as mixture_ops
 from gpustat.mixture._em import check_em_arguments, fit_em_rows, weighted_shift
@@ -80,7 +81,7 @@ def fit_em(X: Float[Array, "n p"], init: mixture.MixtureParams, mesh: Mesh, *,
         X, init, sample_weight=sample_weight, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
         weight_prior=weight_prior, component_prior=component_prior, backend=backend,
         precision=precision)
-    w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
+    w = row_weights(X, w)
     axis = row_axis(mesh)
     priors = settings.pop("weight_prior"), settings.pop("component_prior")
 

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float
 
 from gpustat import bms, factorization, mixture, piecewise
+from gpustat._arrays import row_weights
 from gpustat.distributed._csr import ShardedCSR, shard_csr
 from gpustat.distributed._mesh import check_blocks, map_rows, row_axis, sum_rows, to_mesh
 from gpustat.mixture._validation import check_data, check_params, check_sample_weight
@@ -162,7 +163,7 @@ def suff_stats(X: Float[ArrayLike, "n p"], params: mixture.MixtureParams, mesh: 
     X = check_data(X)
     params = check_params(params, X.shape[1], X.dtype)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
-    w = jnp.ones(X.shape[:1], X.dtype) if w is None else w
+    w = row_weights(X, w)
 
     def block(rows, prm):
         xb, wb = rows

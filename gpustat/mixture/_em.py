@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from gpustat._arrays import row_weights
 from gpustat._checks import check_int
 from gpustat.mixture import _ops as mixture_ops
 from gpustat.mixture._mstep import m_step
@@ -269,7 +270,7 @@ def check_em_arguments(X, init, *, sample_weight, tol, max_iter, reg_covar, weig
 def weighted_shift(X, w, axis_name=None):
     """(the weighted mean of the rows, the total weight): the drivers' centring shift;
     with ``axis_name``, of every device's block of rows (one ``psum``)."""
-    weights = jnp.ones(X.shape[0], X.dtype) if w is None else w
+    weights = row_weights(X, w)
     total_w = jnp.sum(weights)
     weighted_sum = jnp.matmul(weights, X, precision=jax.lax.Precision.HIGHEST)
     if axis_name is not None:
