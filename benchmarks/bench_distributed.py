@@ -1,15 +1,17 @@
-"""Scaling of the sharded drivers: one GPU vs all GPUs of the host, in the same run.
+"""Scaling of the sharded drivers: one GPU vs 2, 4, ... and all GPUs of the host, in the same run.
 
 Cases (the acceptance shapes of the multi-GPU issue):
 
-* ``fit_em``: n = 2e6 rows, p = 16, k = 256 components, full covariance, float32,
-  3 EM iterations (tol = 0, so every variant runs the same iterations; the
-  committed 2x H200 line ran 20). Prediction: the per-device E-step halves, the
-  psum is 157 KB and the replicated M-step (k Choleskys of 16 x 16) is a fixed
-  ~0.1-0.3 ms, so two GPUs should reach about 1.8-1.9x (the E-step is ~16 ms per
-  iteration at this shape on one H200).
-* ``border``: B = 200,000 atoms with the single-GPU acceptance distribution
-  (n_a uniform in 8..128, d = 2, k_a in 4..12; about 13.6M rows, 2.4 GB of
+* ``fit_em``: n = 4e6 rows, p = 16, k = 256 components, full covariance, float32,
+  3 EM iterations (tol = 0, so every variant runs the same iterations), strong
+  scaling; ``fit_em_weak``: 1e6 rows a device. Prediction: the per-device E-step
+  shrinks with 1/D, the psum is 157 KB and the replicated M-step (k Choleskys of
+  16 x 16) is a fixed ~0.1-0.3 ms per iteration.
+* ``ppoly_eval``: 2^28 float32 points, a 64-piece cubic (map rows, no communication).
+* ``ffm_predict``: FFM scores of 8M one-hot CTR rows (bench_factorization's data:
+  24 fields, 1M features, k = 8), CSR row blocks from ``shard_csr``.
+* ``border``: B = 400,000 atoms with the single-GPU acceptance distribution
+  (n_a uniform in 8..128, d = 2, k_a in 4..12; about 27M rows, 4.8 GB of
   float64 input), float64 and float32. Independent atoms and no communication:
   two GPUs should give close to 2x minus the fixed launch cost of each bucket's
   kernel and the dummy atoms (at most one per (n_a, k_a) type per device). Timed
@@ -28,8 +30,10 @@ Cases (the acceptance shapes of the multi-GPU issue):
   (see docs/distributed.md).
 
 "1 GPU" is the single-device public op (``gpustat.mixture.fit_em``,
+``gpustat.piecewise.ppoly_eval``, ``gpustat.factorization.ffm_predict``,
 ``gpustat.border.solve_batched_border``, ``gpustat.estimators._train.train_epoch``);
-"D GPUs" is the :mod:`gpustat.distributed` entry point on a D-device mesh; the
+"D GPUs" is the :mod:`gpustat.distributed` entry point on a mesh of the first D
+devices (D = 1, 2, 4, ... and all of the host); the
 sharded entry point on a 1-device mesh is timed too (its overhead).
 ``GPUSTAT_BENCH_SMALL=1`` shrinks every case for a CPU smoke test.
 """
@@ -45,7 +49,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
-from gpustat import border, distributed, mixture
+from gpustat import border, distributed, factorization, mixture, piecewise
+from gpustat.csr import CSR
 from gpustat.distributed import _fm as distributed_fm
 from gpustat.estimators import _train as fm_train
 
@@ -56,46 +61,72 @@ BACK_TO_BACK = 10
 
 
 def _meshes():
-    """{devices: mesh} for 1 and all devices."""
-    counts = sorted({1, len(jax.devices())})
+    """{devices: mesh} for 1, 2, 4, ... and all devices of the host."""
+    n = len(jax.devices())
+    counts = sorted({1 << i for i in range(n.bit_length()) if 1 << i <= n} | {n})
     return {d: distributed.make_mesh(d) for d in counts}
 
 
 def _record_scaling(rec, case, shape, dtype, timings, items, item_name, extra=None):
-    """One JSON line per variant; the D-GPU lines carry speedup_vs_1gpu."""
-    t1 = timings["1gpu"].median_ms
+    """One JSON line per variant; the D-GPU lines carry speedup_vs_1gpu.
+
+    ``items`` is one count for every variant (strong scaling: speedup = time ratio) or a
+    {variant: count} dict (weak scaling: speedup = throughput ratio, items per second);
+    ``shape`` likewise one shape or a {variant: shape} dict.
+    """
+    counts = items if isinstance(items, dict) else dict.fromkeys(timings, items)
+    shapes = shape if isinstance(shape, dict) else dict.fromkeys(timings, shape)
+    rate1 = counts["1gpu"] / timings["1gpu"].median_ms
     for name, timing in timings.items():
         more = dict(extra or {})
         if name != "1gpu":
-            more["speedup_vs_1gpu"] = t1 / timing.median_ms
-        rec.record(case, shape=shape, dtype=dtype, backend=name, timing=timing, items=items,
+            more["speedup_vs_1gpu"] = counts[name] / timing.median_ms / rate1
+        rec.record(case, shape=shapes[name], dtype=dtype, backend=name, timing=timing,
+                   items=counts[name],
                    item_name=item_name, baseline=None if name == "1gpu" else "1gpu", extra=more)
 
 
-def _em_case(rec, meshes):
-    n, p, k, iters = (4096, 4, 8, 3) if SMALL else (2_000_000, 16, 256, 3)
-    rng = np.random.default_rng(0)
+def _em_data(n: int, p: int, k: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
     centres = rng.normal(0, 3, (k, p))
     X = (centres[rng.integers(0, k, n)] + rng.normal(size=(n, p))).astype(np.float32)
     init = mixture.MixtureParams.from_covariances(
         jnp.full((k,), 1.0 / k, jnp.float32), jnp.asarray(centres + rng.normal(0, 0.5, (k, p)),
                                                           jnp.float32),
         jnp.broadcast_to(jnp.eye(p, dtype=jnp.float32), (k, p, p)))
+    return X, init
+
+
+def _em_case(rec, meshes):
+    """Strong scaling (the same n on every mesh) and weak scaling (n / D fixed)."""
+    n, p, k, iters = (4096, 4, 8, 3) if SMALL else (4_000_000, 16, 256, 3)
+    per_device = n // 4
     kw = dict(max_iter=iters, tol=0.0)
+    X, init = _em_data(n, p, k)
     single = jax.jit(lambda X: mixture.fit_em(X, init, **kw))
-    Xs = {d: distributed.shard_rows(jnp.asarray(X), m) for d, m in meshes.items()}
-    sharded = {d: jax.jit(lambda X, m=m: distributed.fit_em(X, init, m, **kw))
-               for d, m in meshes.items()}
+    sharded = jax.jit(lambda X, m: distributed.fit_em(X, init, m, **kw), static_argnums=1)
+    strong = {"1gpu": time_fn(single, [(jnp.asarray(X),)], repeats=REPEATS, warmup=1)}
+    weak = {"1gpu": time_fn(single, [(jnp.asarray(X[:per_device]),)], repeats=REPEATS,
+                            warmup=1)}
+    weak_rows = {"1gpu": per_device * iters}
+    weak_shapes = {"1gpu": (per_device, p, k)}
     ref = single(jnp.asarray(X))
-    timings = {"1gpu": time_fn(single, [(jnp.asarray(X),)], repeats=REPEATS, warmup=1)}
-    for d, fn in sharded.items():
-        got = fn(Xs[d])
+    for d, m in meshes.items():
+        Xs = distributed.shard_rows(jnp.asarray(X), m)
+        got = sharded(Xs, m)
         check_close(f"fit_em means {d} devices", got.params.means, ref.params.means, rtol=2e-3,
                     atol=2e-3)
         assert int(got.n_iter) == int(ref.n_iter) == iters
-        timings[f"sharded_{d}gpu"] = time_fn(fn, [(Xs[d],)], repeats=REPEATS, warmup=1)
-    _record_scaling(rec, "fit_em", (n, p, k), "float32", timings, n * iters, "row-iterations",
+        strong[f"sharded_{d}gpu"] = time_fn(sharded, [(Xs, m)], repeats=REPEATS, warmup=1)
+        del Xs
+        Xw = distributed.shard_rows(jnp.asarray(np.resize(X, (per_device * d, p))), m)
+        weak[f"sharded_{d}gpu"] = time_fn(sharded, [(Xw, m)], repeats=REPEATS, warmup=1)
+        weak_rows[f"sharded_{d}gpu"] = per_device * d * iters
+        weak_shapes[f"sharded_{d}gpu"] = (per_device * d, p, k)
+    _record_scaling(rec, "fit_em", (n, p, k), "float32", strong, n * iters, "row-iterations",
                     {"iterations": iters})
+    _record_scaling(rec, "fit_em_weak", weak_shapes, "float32", weak, weak_rows,
+                    "row-iterations", {"iterations": iters, "rows_per_device": per_device})
 
 
 def _border_batch(n_atoms: int, dtype, seed: int = 1) -> border.BorderBatch:
@@ -117,7 +148,7 @@ def _border_batch(n_atoms: int, dtype, seed: int = 1) -> border.BorderBatch:
 
 
 def _border_case(rec, meshes, dtype):
-    n_atoms = 2000 if SMALL else 200_000
+    n_atoms = 2000 if SMALL else 400_000
     batch = _border_batch(n_atoms, dtype)
     single = jax.jit(lambda b: border.solve_batched_border(b, 1e-3, 1e-3))
     ref = single(batch)
@@ -204,12 +235,57 @@ def _fm_case(rec, meshes):
                         {**extra, "timing": "compiled epoch, batch tables prebuilt"})
 
 
+def _ppoly_case(rec, meshes):
+    """Piecewise evaluation, float32, strong scaling (map rows, no communication)."""
+    n = (1 << 14) if SMALL else (1 << 28)
+    pp = piecewise.activation("tanh", num_pieces=64, dtype=jnp.float32)
+    x = jax.random.uniform(jax.random.key(3), (n,), jnp.float32, -4.0, 4.0)
+    single = jax.jit(lambda x: piecewise.ppoly_eval(pp, x))
+    ref = single(x)
+    timings = {"1gpu": time_fn(single, [(x,)], repeats=REPEATS)}
+    sharded = jax.jit(lambda x, m: distributed.ppoly_eval(pp, x, m), static_argnums=1)
+    for d, m in meshes.items():
+        xs = distributed.shard_rows(x, m)
+        got = sharded(xs, m)
+        assert np.array_equal(np.asarray(got), np.asarray(ref)), f"ppoly_eval {d} devices"
+        timings[f"sharded_{d}gpu"] = time_fn(sharded, [(xs, m)], repeats=REPEATS)
+        del xs, got
+    _record_scaling(rec, "ppoly_eval", (n,), "float32", timings, n, "points")
+
+
+def _ffm_scoring_case(rec, meshes):
+    """FFM scores of one-hot CTR rows (bench_factorization's data), strong scaling."""
+    from benchmarks import bench_factorization as bf
+
+    n = 4096 if SMALL else 8_000_000
+    indptr, indices, field_ids = bf.ctr_rows(n)
+    X = sp.csr_array((np.ones(indices.size, np.float32), indices, indptr),
+                     shape=(n, bf.N_FEATURES))
+    w0, w, V, _ = bf.parameters("ffm")
+    fid, w, V = jnp.asarray(field_ids), jnp.asarray(w), jnp.asarray(V)
+    Xd = CSR(X.data, X.indices, X.indptr, X.shape)
+    single = jax.jit(lambda X: factorization.ffm_predict(X, fid, w0, w, V))
+    ref = np.asarray(single(Xd))
+    timings = {"1gpu": time_fn(single, [(Xd,)], repeats=REPEATS)}
+    sharded = jax.jit(lambda X, m: distributed.ffm_predict(X, fid, w0, w, V, m),
+                      static_argnums=1)
+    for d, m in meshes.items():
+        Xs = distributed.shard_csr(X, m)
+        check_close(f"ffm_predict {d} devices", sharded(Xs, m), ref, rtol=1e-5, atol=1e-5)
+        timings[f"sharded_{d}gpu"] = time_fn(sharded, [(Xs, m)], repeats=REPEATS)
+        del Xs
+    _record_scaling(rec, "ffm_predict", (n, bf.N_FEATURES, bf.K["ffm"]), "float32", timings, n,
+                    "rows", {"fields": bf.N_FIELDS})
+
+
 def run(quick: bool, out=None) -> None:
     rec = Recorder("distributed", out)
     meshes = _meshes()
     print(f"[distributed] devices: {jax.devices()}", flush=True)
     # cheapest first; fit_em last
-    cases = [("border float64", lambda: _border_case(rec, meshes, jnp.float64)),
+    cases = [("ppoly_eval", lambda: _ppoly_case(rec, meshes)),
+             ("border float64", lambda: _border_case(rec, meshes, jnp.float64)),
+             ("ffm_predict", lambda: _ffm_scoring_case(rec, meshes)),
              ("fm_train", lambda: _fm_case(rec, meshes)),
              ("fit_em", lambda: _em_case(rec, meshes))]
     if not quick:
