@@ -328,10 +328,17 @@ def _summed(cfg: TrainConfig, contributions, slot_rows, n_rows: int):
     ``slot_rows[e]``). Returns (grads, touched), both pytrees shaped like the
     parameters with ``n_rows`` feature rows (touched leaves broadcast)."""
     small, r_touched, lin, factor_rows = contributions
-    n_classes = small["w0"].shape[0]
     scatter = _scatter_fn(cfg.backend)
-    aux = scatter(slot_rows, lin, n_rows)
-    factors = scatter(slot_rows, factor_rows, n_rows)
+    return _unpacked(cfg, small, r_touched, scatter(slot_rows, lin, n_rows),
+                     scatter(slot_rows, factor_rows, n_rows))
+
+
+def _unpacked(cfg: TrainConfig, small, r_touched, aux, factors):
+    """(grads, touched) of summed rows: ``aux`` (rows, C + 1 [+ F]) holds the linear
+    gradient and the touch counts, ``factors`` (rows, C [F] k) the factor gradient
+    (the two tables :func:`_contributions` emits, summed per feature row)."""
+    n_rows = aux.shape[0]
+    n_classes = small["w0"].shape[0]
     grads = dict(small)
     grads["w"] = aux[:, :n_classes]
     feature_touched = (aux[:, n_classes] > 0)[:, None]
@@ -436,6 +443,14 @@ def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, co
     inputs, batch_loss = _batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
                                        data.target[rows], data.weight[rows], count)
     grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1), size)
+    params, opt_state = _step_rows(cfg, params, opt_state, uniq, sub, grads, touched)
+    return params, opt_state, batch_loss
+
+
+def _step_rows(cfg: TrainConfig, params, opt_state, uniq, sub, grads, touched):
+    """Step the rows ``uniq`` (sorted, padded with the out-of-range index) of the
+    parameters and of the row-wise state, given their gathered parameter rows ``sub``
+    and the batch's summed (grads, touched) on them; the rest is left unchanged."""
     sub_state = _state_map(lambda field: _gather_rows(field, uniq), opt_state)
     grads = _add_l2(cfg, grads, touched, sub)
     updates, sub_state = cfg.tx.update(grads, sub_state, sub, touched=touched)
@@ -443,7 +458,7 @@ def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, co
     params = _scatter_rows(params, sub, uniq)
     opt_state = _state_map(lambda full, part: _scatter_rows(full, part, uniq), opt_state,
                            sub_state)
-    return params, opt_state, batch_loss
+    return params, opt_state
 
 
 def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
