@@ -31,14 +31,14 @@ step that exceeds it: that batch and the rest of the epoch are not applied and
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gpustat._arrays import next_pow2
-from gpustat._checks import check_int
+from gpustat._checks import check_int, check_real
 from gpustat.distributed._fm import (
     ShardedRows,
     _epoch_tables,
@@ -133,15 +133,59 @@ def shard_fm_table(params, opt_state, mesh: Mesh):
     return placed
 
 
+#: factor values one device draws at a time when it builds its rows of a new table
+_INIT_CHUNK_VALUES = 1 << 26
+
+
+@functools.partial(jax.jit, static_argnums=tuple(range(9)))
+def _init_table(model, n_features, n_factors, tx, mesh, n_fields, n_classes, init_scale, dtype,
+                key):
+    axis = row_axis(mesh)
+    p_local = table_rows_per_device(n_features, mesh_size(mesh))
+    row_shape = (n_classes, n_fields, n_factors) if model == "ffm" else (n_classes, n_factors)
+    chunk = min(p_local, max(1, _INIT_CHUNK_VALUES // math.prod(row_shape)))
+
+    def block(key):
+        me = jax.lax.axis_index(axis)
+
+        def draw(c, V):
+            start = jnp.minimum(c * chunk, p_local - chunk)  # the last chunk overlaps
+            sub = jax.random.fold_in(jax.random.fold_in(key, me), c)
+            if model == "ffm":
+                values = jax.random.uniform(sub, (chunk, *row_shape), dtype, 0.0,
+                                            init_scale / math.sqrt(n_factors))
+            else:
+                values = init_scale * jax.random.normal(sub, (chunk, *row_shape), dtype)
+            real = me * p_local + start + jnp.arange(chunk) < n_features
+            values = jnp.where(real.reshape(-1, *[1] * len(row_shape)), values, 0)
+            return jax.lax.dynamic_update_slice_in_dim(V, values, start, 0)
+
+        V = jax.lax.fori_loop(0, -(-p_local // chunk), draw,
+                              jnp.zeros((p_local, *row_shape), dtype))
+        params = {"w0": jnp.zeros(n_classes, dtype),
+                  "w": jnp.zeros((p_local, n_classes), dtype), "V": V}
+        if model == "fwfm":
+            params["r"] = jnp.ones((n_classes, n_fields, n_fields), dtype)
+        return params, tx.init(params)
+
+    # the specs need only the pytree structure: the state's, from a stand-in table
+    names = ("w0", "w", "V", "r") if model == "fwfm" else ("w0", "w", "V")
+    params = {name: jax.ShapeDtypeStruct((1,), dtype) for name in names}
+    state = jax.eval_shape(tx.init, params)
+    return jax.shard_map(block, mesh=mesh, in_specs=PartitionSpec(),
+                         out_specs=_table_specs(params, state, axis), check_vma=False)(key)
+
+
 def init_fm_table(model: str, n_features: int, n_factors: int, tx, mesh: Mesh, *,
                   key: jax.Array, n_fields: int = 1, n_classes: int = 1,
                   init_scale: float = 0.01, dtype=jnp.float32):
     """A fresh row-sharded table and optimizer state, drawn on the devices.
 
-    Each device builds only its own rows: no host copy of the table exists, so
-    the table may exceed one device's memory. Initial values follow the
-    estimators: ``w0``, ``w`` zero; ``V`` normal(0, ``init_scale``) (FM, FwFM) or
-    uniform(0, ``init_scale / sqrt(k)``) (FFM); FwFM's ``r`` ones.
+    Each device draws only its own rows, a bounded chunk at a time: no host copy
+    and no whole-table temporary exists, so the table may fill most of the devices'
+    memory. Initial values follow the estimators: ``w0``, ``w`` zero; ``V``
+    normal(0, ``init_scale``) (FM, FwFM) or uniform(0, ``init_scale / sqrt(k)``)
+    (FFM); FwFM's ``r`` ones. The draw depends on ``key`` and on the device count.
 
     Args:
         model: "fm", "ffm" or "fwfm".
@@ -165,26 +209,9 @@ def init_fm_table(model: str, n_features: int, n_factors: int, tx, mesh: Mesh, *
     for name, value in (("n_features", n_features), ("n_factors", n_factors),
                         ("n_fields", n_fields), ("n_classes", n_classes)):
         check_int(value, name, 1)
-    d = mesh_size(mesh)
-    n_rows = d * table_rows_per_device(n_features, d)
-    lead = (n_rows, n_classes, n_fields) if model == "ffm" else (n_rows, n_classes)
-
-    def make(key):
-        real = (jnp.arange(n_rows) < n_features).reshape(-1, *[1] * len(lead))
-        if model == "ffm":
-            factors = jax.random.uniform(key, (*lead, n_factors), dtype, 0.0,
-                                         init_scale / np.sqrt(n_factors))
-        else:
-            factors = init_scale * jax.random.normal(key, (*lead, n_factors), dtype)
-        params = {"w0": jnp.zeros(n_classes, dtype), "w": jnp.zeros((n_rows, n_classes), dtype),
-                  "V": jnp.where(real, factors, 0)}
-        if model == "fwfm":
-            params["r"] = jnp.ones((n_classes, n_fields, n_fields), dtype)
-        return params, tx.init(params)
-
-    shapes = jax.eval_shape(make, key)
-    out = _shardings(_table_specs(*shapes, row_axis(mesh)), mesh)
-    return jax.jit(make, out_shardings=out)(key)
+    check_real(init_scale, "init_scale", 0)
+    return _init_table(model, n_features, n_factors, tx, mesh, n_fields, n_classes,
+                       float(init_scale), jnp.dtype(dtype), key)
 
 
 def _round_capacity(n: int, limit: int) -> int:

@@ -456,10 +456,17 @@ def check_fm_table():
                                     order[:pb.cfg.batch_size * first])
         errs[f"stopped_at_batch_{first}"] = {"params": _err(head(e.params), part[0]),
                                              "loss": _err(e.loss, part[2])}
-    # a fresh table drawn on the devices
-    fresh, state = distributed.init_fm_table("ffm", 13, 3, pb.cfg.tx, pb.mesh,
-                                             key=jax.random.key(0), n_fields=3,
-                                             init_scale=0.3, dtype=jnp.float64)
+    # a fresh table drawn on the devices, 3 rows at a time (4 rows a device: the second
+    # chunk overlaps the first)
+    from gpustat.distributed import _fm_table
+
+    saved, _fm_table._INIT_CHUNK_VALUES = _fm_table._INIT_CHUNK_VALUES, 3 * 9
+    try:
+        fresh, state = distributed.init_fm_table("ffm", 13, 3, pb.cfg.tx, pb.mesh,
+                                                 key=jax.random.key(0), n_fields=3,
+                                                 init_scale=0.3, dtype=jnp.float64)
+    finally:
+        _fm_table._INIT_CHUNK_VALUES = saved
     V = np.asarray(fresh["V"])
     assert V.shape == (16, 1, 3, 3) and _spec(fresh["V"]) == PartitionSpec("rows")
     assert np.all(V[13:] == 0) and np.all((V[:13] >= 0) & (V[:13] <= 0.3 / np.sqrt(3)))
