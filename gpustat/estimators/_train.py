@@ -482,7 +482,14 @@ def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders,
     return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
-def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
+# the same program with the parameters and state donated: their buffers hold the result
+# (a table near the device's memory has no room for a second copy)
+_train_epochs_donated = jax.jit(_train_epochs.__wrapped__, static_argnums=0,
+                                donate_argnums=(1, 2))
+
+
+def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, *,
+                 donate: bool = False):
     """Epochs over the rows in each of ``orders`` (contiguous batches of ``cfg.batch_size``).
 
     One compiled program runs them all (a loop over epochs around the loop over
@@ -495,6 +502,8 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
         opt_state: the transformation's state.
         data: the training rows.
         orders: sequence of (n,) row visit orders, one per epoch (same n).
+        donate: reuse the buffers of ``params`` and ``opt_state`` for the result
+            (they must not be used after the call).
 
     Returns:
         ``(params, opt_state, losses)``: ``losses`` (len(orders),) is each
@@ -519,17 +528,20 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     counts = np.full(slots // bsz, bsz)
     counts[n_batches - 1] = n - (n_batches - 1) * bsz
     dtype = data.val.dtype
-    params, opt_state, losses = _train_epochs(
+    run = _train_epochs_donated if donate else _train_epochs
+    params, opt_state, losses = run(
         cfg, params, opt_state, data, jnp.asarray(padded.reshape(len(padded), -1, bsz)),
         jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
         jnp.asarray(len(orders), jnp.int32))
     return params, opt_state, losses[: len(orders)]
 
 
-def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
+def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray, *,
+                donate: bool = False):
     """One epoch over the rows in ``order``: :func:`train_epochs` with one order; the
     loss is the epoch's weighted loss sum (a scalar)."""
-    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order])
+    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order],
+                                             donate=donate)
     return params, opt_state, losses[0]
 
 
