@@ -6,7 +6,8 @@ the single-device row-wise step of :mod:`gpustat.estimators._train` (a
 indices are made unique (a static capacity ``min(B_local z, p)``, padded with the
 out-of-range index), the parameter rows they name are gathered, the batch is
 scored on them and its slot contributions are summed into those rows. What differs
-is where the rows live:
+is where the rows live (a list of ids as long as the table is the table's own
+rows, :func:`~gpustat.estimators._train.touched_rows`):
 
 * :func:`replicated_rows_step` (every device holds the whole table): the
   ``(capacity,)`` index lists and the summed row gradients are all-gathered; every
@@ -37,16 +38,7 @@ import numpy as np
 from gpustat.distributed._mesh import psum_packed
 from gpustat.estimators import _train as fm_train
 
-__all__ = ["owner_requests", "replicated_rows_step", "table_rows_step", "unique_rows"]
-
-
-def unique_rows(idx, n_rows: int):
-    """Sorted unique row ids of ``idx`` (values in ``[0, n_rows]``), padded with the
-    out-of-range ``n_rows`` to the static size ``min(idx.size, n_rows + 1)`` (never
-    short), and the position of every entry of ``idx`` in that list."""
-    uniq, inverse = jnp.unique(idx.reshape(-1), size=min(idx.size, n_rows + 1),
-                               fill_value=n_rows, return_inverse=True)
-    return uniq, inverse.reshape(idx.shape)
+__all__ = ["owner_requests", "replicated_rows_step", "table_rows_step"]
 
 
 def _row_gradients(cfg: fm_train.TrainConfig, sub, local, data: fm_train.DeviceRows, rows,
@@ -84,14 +76,14 @@ def replicated_rows_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state
     """
     idx = data.idx[rows]
     p = params["w"].shape[0]
-    uniq, local = unique_rows(idx, p)
+    uniq, local = fm_train.touched_rows(idx, p)
     sub = fm_train._gather_rows(params, uniq)
     small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, local, data, rows, count)
     small, r_touched, loss = psum_packed((small, r_touched, loss), axis)
     every_uniq = jax.lax.all_gather(uniq, axis)
     every_aux, every_factors = _packed(lambda a: jax.lax.all_gather(a, axis), (aux, factors), 1)
     n_dev = every_uniq.shape[0]
-    merged, where = unique_rows(every_uniq, p)
+    merged, where = fm_train.touched_rows(every_uniq, p)
     # device by device: within one list the rows are distinct (the padding entries,
     # which carry zeros, excepted), so no row sees two contributions in one scatter
     aux = jnp.zeros((merged.shape[0], aux.shape[1]), aux.dtype)
@@ -164,7 +156,7 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
     p_local = params["w"].shape[0]
     p = n_dev * p_local
     idx = data.idx[rows]
-    uniq, local = unique_rows(idx, p)
+    uniq, local = fm_train.touched_rows(idx, p)
     ask, pos, counts = owner_requests(uniq, n_dev, p_local, capacity)
     (asked,) = _exchange((ask,), axis)  # asked[s]: ids device s wants from this device
     served = fm_train._gather_rows(params, asked.reshape(-1))
@@ -180,7 +172,7 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
     small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
     back_aux, back_factors = _exchange(
         [a.at[pos].get(mode="fill", fill_value=0) for a in (aux, factors)], axis)
-    mine, where = unique_rows(asked, p_local)
+    mine, where = fm_train.touched_rows(asked, p_local)
     grads, touched = fm_train._summed(
         cfg, (small, r_touched, back_aux.reshape(asked.size, -1),
               back_factors.reshape(asked.size, -1)), where.reshape(-1), mine.shape[0])

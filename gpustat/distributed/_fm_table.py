@@ -45,7 +45,7 @@ from gpustat.distributed._fm import (
     check_batch,
     check_rowwise,
 )
-from gpustat.distributed._fm_rows import owner_requests, table_rows_step, unique_rows
+from gpustat.distributed._fm_rows import owner_requests, table_rows_step
 from gpustat.distributed._mesh import check_blocks, mesh_size, row_axis
 from gpustat.estimators import _train as fm_train
 
@@ -239,7 +239,7 @@ def _max_requests(mesh: Mesh, n_rows: int, idx, table):
         idx, table = idx[0], table[0]
 
         def body(b, most):
-            uniq, _ = unique_rows(idx[table[b]], n_rows)
+            uniq, _ = fm_train.touched_rows(idx[table[b]], n_rows)
             _, _, counts = owner_requests(uniq, n_dev, n_rows // n_dev, 1)
             return jnp.maximum(most, counts.max())
 

@@ -60,6 +60,7 @@ __all__ = [
     "decision_scores",
     "make_optimizer",
     "to_device_rows",
+    "touched_rows",
     "train_epoch",
     "train_epochs",
 ]
@@ -424,25 +425,39 @@ def _state_map(fn, state, *others):
     return type(state)(*(fn(*fields) for fields in zip(state, *others)))
 
 
+def touched_rows(idx, n_rows: int):
+    """The rows ``idx`` (values in ``[0, n_rows]``) touches and each entry's position.
+
+    Returns ``(uniq, local)``: the sorted unique ids padded with the out-of-range
+    ``n_rows`` to the static size ``min(idx.size, n_rows + 1)``, and ``local`` shaped like
+    ``idx``. With at least ``n_rows + 1`` entries the list is every row, ``arange(n_rows +
+    1)`` and ``local = idx`` (no sort: the list could not be shorter; untouched rows get no
+    gradient and the lazy step leaves them alone).
+    """
+    if idx.size >= n_rows + 1:
+        return jnp.arange(n_rows + 1, dtype=idx.dtype), idx
+    uniq, inverse = jnp.unique(idx.reshape(-1), size=idx.size, fill_value=n_rows,
+                               return_inverse=True)
+    return uniq, inverse.reshape(idx.shape)
+
+
 def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
     """A step of a row-wise transformation on the rows of the features the batch touches.
 
-    The batch's feature indices are made unique (a fixed size, B z, padded with
-    the out-of-range index p) and the rows of the parameters gathered once; the
+    The batch's feature indices are made unique (:func:`touched_rows`: a fixed size,
+    ``min(B z, p + 1)``, padded with the out-of-range index p) and the rows of the
+    parameters gathered once; the
     batch is scored on them (slot indices into the gathered rows), its slot
     contributions are summed into them, and they and the gathered rows of the
     state are stepped and scattered back. Untouched gathered rows (the padding
     slots' feature) come back unchanged, as the lazy transformation leaves them.
     """
-    idx = data.idx[rows]
-    size = idx.size
-    uniq, inverse = jnp.unique(idx.reshape(-1), size=size, fill_value=cfg.n_features,
-                               return_inverse=True)
-    local = inverse.reshape(idx.shape)
+    uniq, local = touched_rows(data.idx[rows], cfg.n_features)
     sub = _gather_rows(params, uniq)
     inputs, batch_loss = _batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
                                        data.target[rows], data.weight[rows], count)
-    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1), size)
+    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1),
+                             uniq.shape[0])
     params, opt_state = _step_rows(cfg, params, opt_state, uniq, sub, grads, touched)
     return params, opt_state, batch_loss
 

@@ -329,14 +329,17 @@ def check_border():
     return {**errs, "slots_per_device": sharded.plan.local.num_atoms}
 
 
-def _training_problem(model="fm", optimizer="adagrad", p=12):
+def _training_problem(model="fm", optimizer="adagrad", p=12, density=0.3):
     """61 training rows over 4 devices (blocks of 16 and 15; ceil(n / D) blocks
     (16, 16, 16, 13) would leave a global batch before the last short, unlike the
-    single-device epoch), the settings and the single-device epoch over global_order."""
+    single-device epoch), the settings and the single-device epoch over global_order.
+
+    A batch of 8 rows has more slots than a small table has rows: the row exchanges
+    then list every row; ``p = 400, density = 0.03`` makes them sort the touched ids."""
     mesh = distributed.make_mesh()
     rng = np.random.default_rng(8)
     n, k, batch, n_fields = 61, 3, 8, (1 if model == "fm" else 3)
-    X = sp.random(n, p, density=0.3, random_state=9, format="csr")
+    X = sp.random(n, p, density=density, random_state=9, format="csr")
     X.sort_indices()
     y = rng.integers(0, 2, n).astype(float)[:, None]
     weight = rng.uniform(0.5, 1.5, n)
@@ -359,6 +362,7 @@ def _training_problem(model="fm", optimizer="adagrad", p=12):
     assert sorted(order.tolist()) == list(range(n))
     single = fm_train.to_device_rows(X, fields, y, weight, np.float64)
     ref = fm_train.train_epoch(cfg, params, opt_state, single, order)
+    assert _err(ref[0], params) > 1e-3  # the epoch moves the parameters
     return dataclasses.make_dataclass("Problem", [
         "mesh", "X", "cfg", "params", "opt_state", "data", "orders", "order", "single",
         "ref"])(mesh, X, cfg, params, opt_state, data, orders, order, single, ref)
@@ -373,8 +377,8 @@ def check_fm_training():
                                       exchange=exchange)
         errs[exchange] = {"params": _err(got[0], pb.ref[0]), "state": _err(got[1], pb.ref[1]),
                           "loss": _err(got[2], pb.ref[2])}
-    # FFM with Adam through the touched-row exchange
-    ffm = _training_problem("ffm", "adam")
+    # FFM with Adam through the touched-row exchange, sorting the touched ids
+    ffm = _training_problem("ffm", "adam", p=400, density=0.03)
     got = distributed.train_epoch(ffm.cfg, ffm.params, ffm.opt_state, ffm.data, ffm.orders,
                                   ffm.mesh, exchange="rows")
     errs["rows_ffm_adam"] = {"params": _err(got[0], ffm.ref[0]),
@@ -417,17 +421,20 @@ def _owner_counts(pb, n_rows: int) -> np.ndarray:
 
 def check_fm_table():
     errs = {}
-    for model, optimizer in (("fm", "adagrad"), ("ffm", "adam"), ("fwfm", "ftrl")):
-        pb = _training_problem(model, optimizer, p=13)  # 13 rows: padded to 4 x 4
+    # 13 rows: padded to 4 x 4; 398 rows: padded to 4 x 100, the touched ids sorted
+    for model, optimizer, p, density in (("fm", "adagrad", 13, 0.3), ("fwfm", "ftrl", 13, 0.3),
+                                         ("ffm", "adam", 398, 0.03)):
+        pb = _training_problem(model, optimizer, p, density)
+        n_rows = -(-p // N_DEVICES) * N_DEVICES
         params, opt_state = distributed.shard_fm_table(pb.params, pb.opt_state, pb.mesh)
-        assert params["V"].shape[0] == 16 and _spec(params["V"]) == PartitionSpec("rows")
+        assert params["V"].shape[0] == n_rows and _spec(params["V"]) == PartitionSpec("rows")
         assert _spec(params["w0"]) == PartitionSpec()
         got = distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data,
                                                      pb.orders, pb.mesh)
-        assert not np.any(np.asarray(got[0]["V"][13:])), "padding rows moved"
+        assert not np.any(np.asarray(got[0]["V"][p:])), "padding rows moved"
 
-        def head(tree):
-            return {name: leaf[:13] if name in ("w", "V") else leaf for name, leaf in tree.items()}
+        def head(tree, p=p):
+            return {name: leaf[:p] if name in ("w", "V") else leaf for name, leaf in tree.items()}
 
         errs[model] = {"params": _err(head(got[0]), pb.ref[0]),
                        "state": _err(fm_train._state_map(head, got[1]), pb.ref[1]),
@@ -437,11 +444,15 @@ def check_fm_table():
     rng = np.random.default_rng(3)
     while True:  # orders whose first batch asks less of one owner than a later one
         pb.orders = [rng.permutation(len(o)) for o in pb.orders]
-        most = _owner_counts(pb, 16)
+        most = _owner_counts(pb, n_rows)
         if most[0] < most.max():
             break
-    planned = distributed.plan_capacity(pb.data, pb.orders, pb.cfg.batch_size, 16, pb.mesh)
-    assert most.max() <= planned <= 4, (most, planned)
+    planned = distributed.plan_capacity(pb.data, pb.orders, pb.cfg.batch_size, n_rows,
+                                        pb.mesh)
+    slots = pb.cfg.batch_size // N_DEVICES * pb.data.rows.idx.shape[2]
+    assert most.max() <= planned <= min(slots, n_rows // N_DEVICES), (most, planned)
+    # the owners sort what they were asked (fewer ids than rows), the requesters too
+    assert N_DEVICES * planned < n_rows // N_DEVICES + 1 and slots < n_rows + 1, (planned, slots)
     capacity = int(most.max()) - 1
     first = int(np.argmax(most > capacity))
     params, opt_state = distributed.shard_fm_table(pb.params, pb.opt_state, pb.mesh)
@@ -471,7 +482,7 @@ def check_fm_table():
     assert V.shape == (16, 1, 3, 3) and _spec(fresh["V"]) == PartitionSpec("rows")
     assert np.all(V[13:] == 0) and np.all((V[:13] >= 0) & (V[:13] <= 0.3 / np.sqrt(3)))
     assert np.unique(V[:13]).size == V[:13].size and not np.any(np.asarray(fresh["w"]))
-    assert _spec(state.z["V"]) == PartitionSpec("rows")
+    assert _spec(state[0]["V"]) == PartitionSpec("rows")
     _raises(lambda: distributed.train_epoch_model_parallel(pb.cfg, pb.params, pb.opt_state,
                                                            pb.data, pb.orders, pb.mesh),
             ValueError, "row-sharded")
