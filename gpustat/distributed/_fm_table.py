@@ -264,9 +264,16 @@ def plan_capacity(data: ShardedRows, local_orders, batch_size: int, n_rows: int,
 
     Returns:
         An int in ``[1, min(B / D * z, n_rows / D)]``.
+
+    Raises:
+        ValueError: ``data`` planned for another mesh, or ``batch_size`` or ``n_rows``
+            not a multiple of D.
     """
     check_blocks("data", data.rows.weight.shape[0], mesh)
     d = mesh_size(mesh)
+    if batch_size % d or n_rows % d:
+        raise ValueError(f"batch_size and n_rows must be multiples of the device count {d}, "
+                         f"got {batch_size=}, {n_rows=}")
     table, _ = _epoch_tables(data, local_orders, batch_size, mesh)
     most = int(_max_requests(mesh, n_rows, data.rows.idx, table))
     return _round_capacity(most, _capacity_limit(data, batch_size, n_rows, d))
@@ -332,7 +339,7 @@ def train_epoch_model_parallel(cfg: fm_train.TrainConfig, params, opt_state, dat
     check_batch(cfg, d)
     check_rowwise(cfg, "train_epoch_model_parallel")
     n_rows = params["w"].shape[0]
-    spec = getattr(params["w"].sharding, "spec", None)
+    spec = getattr(getattr(params["w"], "sharding", None), "spec", None)
     if n_rows % d or spec != PartitionSpec(row_axis(mesh)):
         raise ValueError(f"params must be row-sharded over the mesh's {d} devices (see "
                          f"shard_fm_table), got w of shape {params['w'].shape} with "

@@ -492,6 +492,8 @@ def check_fm_table():
     _raises(lambda: distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data,
                                                            pb.orders, pb.mesh, capacity=0),
             ValueError, "capacity")
+    _raises(lambda: distributed.plan_capacity(pb.data, pb.orders, 8, 13, pb.mesh), ValueError,
+            "n_rows=13")
     _raises(lambda: distributed.init_fm_table("gm", 13, 3, pb.cfg.tx, pb.mesh,
                                               key=jax.random.key(0)), ValueError, "model")
     assert max(max(e.values()) for e in errs.values()) < 1e-10, errs
