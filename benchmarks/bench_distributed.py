@@ -40,6 +40,7 @@ sharded entry point on a 1-device mesh is timed too (its overhead).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import traceback
 
@@ -48,10 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from benchmarks.harness import Recorder, check_close, main_from_args, time_fn
+from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
 from gpustat import border, distributed, factorization, mixture, piecewise
 from gpustat.csr import CSR
 from gpustat.distributed import _fm as distributed_fm
+from gpustat.distributed import _fm_table as distributed_fm_table
 from gpustat.estimators import _train as fm_train
 
 SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
@@ -278,6 +280,239 @@ def _ffm_scoring_case(rec, meshes):
                     "rows", {"fields": bf.N_FIELDS})
 
 
+def _adagrad(model):
+    return fm_train.make_optimizer(
+        "adagrad", model=model, learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
+
+
+def _timed_table_epoch(cfg, mesh, capacity, params, opt_state, data, orders):
+    """A callable running one compiled model-parallel epoch on the table it last returned
+    (the table is donated: each call continues training), the batch tables prebuilt."""
+    table, counts = distributed_fm._epoch_tables(data, orders, cfg.batch_size, mesh)
+    state = [params, opt_state]
+
+    def run():
+        state[0], state[1], loss, _ = distributed_fm_table._table_epoch(
+            cfg, mesh, capacity, state[0], state[1], data.rows, table, counts)
+        return loss
+
+    return run
+
+
+def _fm_sparse_case(rec):
+    """FM training with touched-row updates at 65,536 rows a device (weak scaling).
+
+    One FM epoch (logistic loss, AdaGrad, n = 2^20 rows of 32 nonzeros, p = 2^15, k = 32,
+    float32) on one GPU (``gpustat.estimators._train.train_epoch``, batch 65,536) and on
+    the first D devices (D = 2, all) at 65,536 rows a device (global batch D x 65,536):
+    ``rows_*``: replicated table, touched rows all-gathered (``exchange="rows"``;
+    ``fm_train_weak_b65536`` times the dense all-reduce at this shape); ``table_*``: the
+    model-parallel table (``train_epoch_model_parallel``, compiled epoch with a planned
+    capacity, table donated). Every variant is checked against the single-device epoch
+    over ``global_order`` first.
+    """
+    per, z, k, p, n = (256, 8, 8, 1 << 12, 1 << 12) if SMALL else (65536, 32, 32, 1 << 15,
+                                                                    1 << 20)
+    rng = np.random.default_rng(4)
+    cols = np.sort(rng.choice(p, size=(n, z)), axis=1)
+    X = sp.csr_matrix((np.ones(n * z, np.float32), cols.reshape(-1), np.arange(n + 1) * z),
+                      shape=(n, p))
+    X.sum_duplicates()
+    X.data[:] = 1.0
+    y = rng.integers(0, 2, n).astype(np.float32)[:, None]
+    weight = np.ones(n, np.float32)
+    fields = np.zeros(p, np.int32)
+    tx, lazy, (l2w, l2v) = _adagrad("fm")
+    backend = fm_train.scatter_backend("auto")
+    with x64_for(jnp.float32):
+        params = {"w0": jnp.zeros(1, jnp.float32), "w": jnp.zeros((p, 1), jnp.float32),
+                  "V": jnp.asarray(rng.normal(0, 0.01, (p, 1, k)), jnp.float32)}
+        opt_state = tx.init(params)
+        rows = fm_train.to_device_rows(X, fields, y, weight, np.float32)
+        timings, extra = {}, {"batch_per_device": per, "scatter_backend": backend}
+        for d, mesh in _meshes().items():
+            cfg = fm_train.TrainConfig("fm", "logistic", p, 1, per * d, tx, lazy, l2w, l2v,
+                                       backend)
+            if d == 1:
+                order = rng.permutation(n)
+                timings["1gpu"] = time_fn(lambda cfg=cfg, order=order: fm_train.train_epoch(
+                    cfg, params, opt_state, rows, order), [()], repeats=REPEATS)
+                continue
+            data = distributed.shard_training_rows(X, fields, y, weight, np.float32, mesh)
+            orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
+            order = distributed.global_order(data, orders, cfg.batch_size)
+            ref = fm_train.train_epoch(cfg, params, opt_state, rows, order)
+            got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh,
+                                          exchange="rows")
+            check_close(f"fm sparse rows V {d} devices", got[0]["V"], ref[0]["V"], rtol=1e-3,
+                        atol=1e-5)
+            check_close(f"fm sparse rows loss {d} devices", got[2], ref[2], rtol=1e-4)
+            timings[f"rows_{d}gpu"] = time_fn(
+                lambda cfg=cfg, data=data, orders=orders, mesh=mesh: distributed.train_epoch(
+                    cfg, params, opt_state, data, orders, mesh, exchange="rows"), [()],
+                repeats=REPEATS)
+            table, state = distributed.shard_fm_table(params, opt_state, mesh)
+            capacity = distributed.plan_capacity(data, orders, cfg.batch_size,
+                                                 table["w"].shape[0], mesh)
+            extra[f"capacity_{d}gpu"] = capacity
+            got = distributed.train_epoch_model_parallel(cfg, table, state, data, orders, mesh,
+                                                         capacity=capacity)
+            check_close(f"fm table V {d} devices", got[0]["V"][:p], ref[0]["V"], rtol=1e-3,
+                        atol=1e-5)
+            timings[f"table_{d}gpu"] = time_fn(
+                _timed_table_epoch(cfg, mesh, capacity, got[0], got[1], data, orders), [()],
+                repeats=REPEATS)
+    _record_scaling(rec, f"fm_sparse_weak_b{per}", (n, p, z, k, per), "float32", timings, n,
+                    "rows", {**extra, "timing": "public train_epoch (host batch tables "
+                             "included); table_*: compiled epoch, planned capacity"})
+
+
+def _memory_limit():
+    """Bytes one device may allocate (``bytes_limit``), or None where JAX does not say."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+def _hashed_ffm_rows(n, p, n_fields, rng):
+    """n rows with one feature per field, hashed: field f holds the ids f + F j, j uniform."""
+    j = rng.integers(0, p // n_fields, size=(n, n_fields))
+    cols = np.sort((j * n_fields + np.arange(n_fields)).astype(np.int32), axis=1)
+    X = sp.csr_matrix((np.ones(n * n_fields, np.float32), cols.reshape(-1),
+                       np.arange(n + 1) * n_fields), shape=(n, p))
+    return X, rng.integers(0, 2, n).astype(np.float32)[:, None]
+
+
+def _table_rows(leaf, ids):
+    """Rows ``ids`` (sorted) of a row-sharded table leaf, read shard by shard on the host."""
+    out = np.zeros((len(ids), *leaf.shape[1:]), leaf.dtype)
+    for shard in leaf.addressable_shards:
+        lo, hi = shard.index[0].start or 0, shard.index[0].stop or leaf.shape[0]
+        sel = (ids >= lo) & (ids < hi)
+        out[sel] = np.asarray(shard.data[jnp.asarray(ids[sel] - lo)])
+    return out
+
+
+def _compact(tree, ids):
+    """The rows ``ids`` of a sharded parameter-shaped dict, on the host (w0, r whole)."""
+    return {name: _table_rows(leaf, ids) if name in ("w", "V") else np.asarray(leaf)
+            for name, leaf in tree.items()}
+
+
+def _fm_table_case(rec):
+    """The model-parallel FFM table: larger than one GPU's memory, on 2 and all GPUs.
+
+    FFM, F = 8 fields (one hashed feature each), AdaGrad, float32, 32,768 rows a
+    device a step (2 steps an epoch). The big table has p = 2^27 rows and k chosen so
+    that parameters + AdaGrad state are ~1.6x one device's ``bytes_limit``
+    (``table_bytes`` in the JSON); it runs on D devices where its share leaves 15% of
+    each device free, else it is recorded as skipped. The baseline is a table of
+    p = 2^25 rows (same F, k) trained on one GPU by the single-device epoch (table
+    donated). ``rows_per_s_per_gpu_ratio`` = big-table rows/s per GPU over the baseline's.
+    Check: the big table's epoch equals the single-device epoch (on the host CPU) of the
+    table compacted to the rows the epoch touches.
+    """
+    n_fields, steps = 8, 2
+    if SMALL:
+        limit, per, p_big, p_fit = 8 << 20, 256, 1 << 16, 1 << 13
+    else:
+        limit, per, p_big, p_fit = _memory_limit(), 32768, 1 << 27, 1 << 25
+    meshes = _meshes()
+    shape_note = {"fields": n_fields, "batch_per_device": per, "steps": steps}
+    if limit is None:
+        rec.record("fm_table", shape=(p_big,), dtype="float32", backend="skipped", timing=None,
+                   extra={**shape_note, "skipped": "the device reports no bytes_limit"})
+        return
+    # parameters + AdaGrad state: 2 x 4 bytes x (w: 1 + V: F k) a row
+    k = max(int((1.6 * limit / (8 * p_big) - 1) // n_fields), 1)
+    row_bytes = 8 * (1 + n_fields * k)
+    table_bytes = p_big * row_bytes
+    tx, lazy, (l2w, l2v) = _adagrad("ffm")
+    backend = fm_train.scatter_backend("auto")
+    rng = np.random.default_rng(5)
+    common = {**shape_note, "k": k, "table_bytes": table_bytes, "bytes_limit": limit,
+              "table_over_limit": table_bytes / limit, "scatter_backend": backend}
+    with x64_for(jnp.float32):
+        # the baseline: a table that fits, one GPU, the single-device epoch
+        n1 = per * steps
+        X, y = _hashed_ffm_rows(n1, p_fit, n_fields, rng)
+        fields = np.arange(p_fit, dtype=np.int32) % n_fields
+        rows = fm_train.to_device_rows(X, fields, y, np.ones(n1, np.float32), np.float32)
+        cfg = fm_train.TrainConfig("ffm", "logistic", p_fit, n_fields, per, tx, lazy, l2w, l2v,
+                                   backend)
+        fit = list(distributed.init_fm_table("ffm", p_fit, k, tx, meshes[1],
+                                             key=jax.random.key(0), n_fields=n_fields))
+        order = rng.permutation(n1)
+
+        def single():
+            fit[0], fit[1], loss = fm_train.train_epoch(cfg, fit[0], fit[1], rows, order,
+                                                        donate=True)
+            return loss
+
+        base = time_fn(single, [()], repeats=REPEATS)
+        base_rate = n1 / (base.median_ms * 1e-3)
+        rec.record("fm_table", shape=(n1, p_fit, n_fields, k), dtype="float32",
+                   backend="fit_1gpu", timing=base, items=n1, item_name="rows",
+                   extra={**common, "table_bytes": p_fit * row_bytes,
+                          "rows_per_s_per_gpu": base_rate})
+        fit.clear()  # free the baseline table before the big ones
+        for d, mesh in meshes.items():
+            if table_bytes / d > 0.85 * limit:
+                rec.record("fm_table", shape=(p_big,), dtype="float32", backend=f"big_{d}gpu",
+                           timing=None, extra={**common, "skipped": (
+                               f"{table_bytes / d / 2**20:.0f} MiB a device > 85% of "
+                               f"bytes_limit {limit / 2**20:.0f} MiB")})
+                continue
+            n = per * d * steps
+            X, y = _hashed_ffm_rows(n, p_big, n_fields, rng)
+            weight = np.ones(n, np.float32)
+            data = distributed.shard_training_rows(
+                X, np.arange(p_big, dtype=np.int32) % n_fields, y, weight, np.float32, mesh)
+            orders = [rng.permutation(data.block_rows(g).size) for g in range(d)]
+            cfg = fm_train.TrainConfig("ffm", "logistic", p_big, n_fields, per * d, tx, lazy,
+                                       l2w, l2v, backend)
+            params, state = distributed.init_fm_table("ffm", p_big, k, tx, mesh,
+                                                      key=jax.random.key(d),
+                                                      n_fields=n_fields)
+            ids = np.unique(X.indices)
+            before = (_compact(params, ids), type(state)(*(_compact(f, ids) for f in state)))
+            capacity = distributed.plan_capacity(data, orders, cfg.batch_size, p_big, mesh)
+            params, state, loss = distributed.train_epoch_model_parallel(
+                cfg, params, state, data, orders, mesh, capacity=capacity)
+            _check_compact(cfg, X, y, weight, ids, before, (params, state, loss),
+                           distributed.global_order(data, orders, cfg.batch_size), d)
+            timing = time_fn(_timed_table_epoch(cfg, mesh, capacity, params, state, data,
+                                                orders), [()], repeats=REPEATS)
+            del params, state
+            rate = n / (timing.median_ms * 1e-3) / d
+            rec.record("fm_table", shape=(n, p_big, n_fields, k), dtype="float32",
+                       backend=f"big_{d}gpu", timing=timing, items=n, item_name="rows",
+                       baseline="fit_1gpu",
+                       extra={**common, "capacity": capacity, "rows_per_s_per_gpu": rate,
+                              "rows_per_s_per_gpu_ratio": rate / base_rate})
+
+
+def _check_compact(cfg, X, y, weight, ids, before, after, order, d):
+    """The sharded epoch's touched rows equal the single-device epoch, on the host CPU,
+    of the table compacted to ``ids`` (every feature the epoch reads)."""
+    cpu = jax.devices("cpu")[0]
+    params, state, loss = after
+    Xc = sp.csr_matrix((X.data, np.searchsorted(ids, X.indices), X.indptr),
+                       shape=(X.shape[0], len(ids)))
+    with jax.default_device(cpu):
+        rows = fm_train.to_device_rows(Xc, (ids % cfg.n_fields).astype(np.int32), y, weight,
+                                       np.float32)
+        ccfg = dataclasses.replace(cfg, n_features=len(ids), backend="reference")
+        ref = fm_train.train_epoch(ccfg, *jax.device_put(before, cpu), rows, order)
+    got = _compact(params, ids)
+    for name in ("w", "V"):
+        check_close(f"fm_table {name} {d} devices", got[name], ref[0][name], rtol=1e-3,
+                    atol=1e-5)
+    check_close(f"fm_table AdaGrad state {d} devices", _compact(state.sum_sq, ids)["V"],
+                ref[1].sum_sq["V"], rtol=1e-3, atol=1e-7)
+    check_close(f"fm_table loss {d} devices", loss, ref[2], rtol=1e-4)
+
+
 def run(quick: bool, out=None) -> None:
     rec = Recorder("distributed", out)
     meshes = _meshes()
@@ -287,9 +522,14 @@ def run(quick: bool, out=None) -> None:
              ("border float64", lambda: _border_case(rec, meshes, jnp.float64)),
              ("ffm_predict", lambda: _ffm_scoring_case(rec, meshes)),
              ("fm_train", lambda: _fm_case(rec, meshes)),
-             ("fit_em", lambda: _em_case(rec, meshes))]
+             ("fit_em", lambda: _em_case(rec, meshes)),
+             ("fm_sparse", lambda: _fm_sparse_case(rec)),
+             ("fm_table", lambda: _fm_table_case(rec))]
     if not quick:
         cases.append(("border float32", lambda: _border_case(rec, meshes, jnp.float32)))
+    only = os.environ.get("GPUSTAT_BENCH_CASES")  # e.g. "fit_em,fm_table": a subset
+    if only:
+        cases = [(name, case) for name, case in cases if name in only.split(",")]
     failed = []
     for name, case in cases:  # one failing case must not hide the others' numbers
         try:

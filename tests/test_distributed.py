@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECK_GROUPS = {
     "arrays": ["mesh", "ppoly_eval", "factorization", "suff_stats", "fit_em", "bms_rows",
                "fm_training"],
-    "draws_and_solves": ["fit_gibbs", "bms_joint", "border"],
+    "draws_and_solves": ["fit_gibbs", "bms_joint", "border", "fm_table"],
 }
 CHECKS = [name for group in CHECK_GROUPS.values() for name in group]
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"

@@ -126,15 +126,18 @@ def test_loss_curve_and_validation_scores_per_epoch():
     assert len(warm.loss_curve_) == 4
 
 
-@pytest.mark.parametrize("cls", [FMClassifier, FFMClassifier])
-def test_streamed_csr_chunks_equal_the_reference_trainer(cls):
+# a batch of 4 rows x 8 slots lists every row of the 16-row table; one row of 8 slots
+# sorts its touched ids (fm_train.touched_rows)
+@pytest.mark.parametrize(("cls", "batch_size"), [(FMClassifier, 4), (FFMClassifier, 4),
+                                                 (FFMClassifier, 1)])
+def test_streamed_csr_chunks_equal_the_reference_trainer(cls, batch_size):
     # partial_fit over CSR chunks (classes on the first call) is one pass in row order
     rng = np.random.default_rng(6)
     n, p, k = 24, 7, 2
     X = rng.normal(size=(n, p)) * (rng.random((n, p)) < 0.5)
     fields = np.arange(p) % 3
     y = rng.choice(np.array(["no", "yes"]), n)
-    est = cls(n_factors=k, batch_size=4, learning_rate=0.1, init_scale=0.3, random_state=3,
+    est = cls(n_factors=k, batch_size=batch_size, learning_rate=0.1, init_scale=0.3, random_state=3,
               dtype="float64", optimizer="adam")
     chunks = ((sp.csr_matrix(X[a:a + 8]), y[a:a + 8]) for a in range(0, n, 8))
     for i, (X_chunk, y_chunk) in enumerate(chunks):
@@ -146,7 +149,7 @@ def test_streamed_csr_chunks_equal_the_reference_trainer(cls):
     opt = oracle.Optimizer("adam", params, lr=0.1)
     oracle.train(model, "logistic", oracle.dense_rows(X), fields if model == "ffm" else
                  np.zeros(p, int), (y == "yes").astype(float)[:, None], np.ones(n), params, opt,
-                 [np.arange(n)], batch_size=4, l2_linear=1e-5, l2_factors=1e-5)
+                 [np.arange(n)], batch_size=batch_size, l2_linear=1e-5, l2_factors=1e-5)
     np.testing.assert_allclose(est.V_, params["V"][0], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(est.w_, params["w"][0], rtol=1e-9, atol=1e-12)
     assert est.n_iter_ == 3 and len(est.loss_curve_) == 3

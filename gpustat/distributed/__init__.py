@@ -13,7 +13,10 @@ validation, dispatch and Pallas kernel unchanged) on each device's block under
   :func:`row_derivatives` (via :func:`shard_bms_rows`), :func:`joint_hvp`,
   :func:`joint_diagonal`, :func:`joint_dense`, :func:`joint_gradient`.
 * Drivers: :func:`fit_em`, :func:`fit_gibbs` (mixtures),
-  :func:`train_epoch` (FM/FFM/FwFM data-parallel training),
+  :func:`train_epoch` (FM/FFM/FwFM data-parallel training, dense or touched-row
+  exchange), :func:`train_epoch_model_parallel` (the parameter table row-sharded
+  over the devices: :func:`shard_fm_table`, :func:`init_fm_table`,
+  :func:`plan_capacity`),
   :func:`solve_batched_border` (atoms dealt to devices by :func:`shard_border_batch`).
 
 Multi-process and multi-host: call :func:`initialize` (``jax.distributed.initialize``
@@ -37,6 +40,13 @@ from gpustat.distributed._fm import ShardedRows as ShardedRows
 from gpustat.distributed._fm import global_order as global_order
 from gpustat.distributed._fm import shard_training_rows as shard_training_rows
 from gpustat.distributed._fm import train_epoch as train_epoch
+from gpustat.distributed._fm_table import CapacityError as CapacityError
+from gpustat.distributed._fm_table import init_fm_table as init_fm_table
+from gpustat.distributed._fm_table import plan_capacity as plan_capacity
+from gpustat.distributed._fm_table import shard_fm_table as shard_fm_table
+from gpustat.distributed._fm_table import (
+    train_epoch_model_parallel as train_epoch_model_parallel,
+)
 from gpustat.distributed._launch import initialize as initialize
 from gpustat.distributed._mesh import ROW_AXIS as ROW_AXIS
 from gpustat.distributed._mesh import make_mesh as make_mesh
@@ -59,6 +69,7 @@ from gpustat.distributed._ops import suff_stats as suff_stats
 
 __all__ = [
     "ROW_AXIS",
+    "CapacityError",
     "ShardedBmsRows",
     "ShardedBorderBatch",
     "ShardedBorderSolution",
@@ -70,6 +81,7 @@ __all__ = [
     "fm_predict",
     "fwfm_predict",
     "global_order",
+    "init_fm_table",
     "initialize",
     "joint_dense",
     "joint_diagonal",
@@ -78,16 +90,19 @@ __all__ = [
     "make_mesh",
     "map_rows",
     "mesh_size",
+    "plan_capacity",
     "ppoly_eval",
     "replicate",
     "row_derivatives",
     "shard_bms_rows",
     "shard_border_batch",
     "shard_csr",
+    "shard_fm_table",
     "shard_rows",
     "shard_training_rows",
     "solve_batched_border",
     "suff_stats",
     "sum_rows",
     "train_epoch",
+    "train_epoch_model_parallel",
 ]

@@ -9,6 +9,9 @@ scatter on GPUs), scaled by the **global** batch row count; one all-reduce
 (:func:`~gpustat.distributed._mesh.psum_packed`) adds the gradients, the touched
 masks and the loss, and the optax step runs replicated, so every device keeps
 identical parameters (a synchronous data-parallel all-reduce, as in PyTorch DDP).
+With ``exchange="rows"`` (row-wise optimizers) only the touched rows travel instead
+(:func:`gpustat.distributed._fm_rows.replicated_rows_step`): the exchange scales
+with the batch, not with p.
 
 A global batch is the union of the devices' local batches, so an epoch equals
 the single-device epoch over the interleaved order :func:`global_order`
@@ -28,6 +31,7 @@ import optax
 import scipy.sparse as sp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gpustat.distributed._fm_rows import replicated_rows_step
 from gpustat.distributed._mesh import check_blocks, mesh_size, place, psum_packed, row_axis
 from gpustat.estimators import _train as fm_train
 
@@ -176,9 +180,13 @@ def _allreduce_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state, dat
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _epoch(cfg, mesh, params, opt_state, rows, table, counts):
+EXCHANGES = ("dense", "rows")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("exchange",))
+def _epoch(cfg, mesh, params, opt_state, rows, table, counts, exchange="dense"):
     axis = row_axis(mesh)
+    step = _allreduce_step if exchange == "dense" else replicated_rows_step
 
     def block(params, opt_state, rows, table, counts):
         rows = jax.tree.map(lambda a: a[0], rows)
@@ -186,8 +194,8 @@ def _epoch(cfg, mesh, params, opt_state, rows, table, counts):
 
         def body(b, carry):
             params, opt_state, loss_sum = carry
-            params, opt_state, loss = _allreduce_step(cfg, axis, params, opt_state, rows,
-                                                      table[b], counts[b])
+            params, opt_state, loss = step(cfg, axis, params, opt_state, rows, table[b],
+                                           counts[b])
             return params, opt_state, loss_sum + loss
 
         zero = jnp.zeros((), rows.val.dtype)
@@ -200,7 +208,7 @@ def _epoch(cfg, mesh, params, opt_state, rows, table, counts):
 
 
 def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows, local_orders,
-                mesh: Mesh):
+                mesh: Mesh, *, exchange: str = "dense"):
     """One data-parallel epoch: every device walks its block in ``local_orders[device]``.
 
     Args:
@@ -211,6 +219,11 @@ def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows,
         data: :class:`ShardedRows` from :func:`shard_training_rows` on the same mesh.
         local_orders: D arrays of local row ids (a permutation of each block's rows).
         mesh: 1-D mesh.
+        exchange: ``"dense"``: one ``psum`` of the dense (p, ...) gradient tables per batch
+            (any optax transformation); ``"rows"``: only the batch's touched rows and
+            their gradients are all-gathered and every device steps them (a row-wise
+            transformation: ``cfg.sparse``; what crosses the devices grows with the
+            batch, not with p).
 
     Returns:
         ``(params, opt_state, weighted loss sum)`` replicated; equal to
@@ -218,11 +231,27 @@ def train_epoch(cfg: fm_train.TrainConfig, params, opt_state, data: ShardedRows,
     """
     check_blocks("data", data.rows.weight.shape[0], mesh)
     d = mesh_size(mesh)
-    if cfg.batch_size % d:
-        raise ValueError(f"cfg.batch_size must be a multiple of the device count {d}, got "
-                         f"{cfg.batch_size=}")
+    check_batch(cfg, d)
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange=}")
+    if exchange == "rows":
+        check_rowwise(cfg, "exchange='rows'")
     table, counts = _epoch_tables(data, local_orders, cfg.batch_size, mesh)
-    return _epoch(cfg, mesh, params, opt_state, data.rows, table, counts)
+    return _epoch(cfg, mesh, params, opt_state, data.rows, table, counts, exchange=exchange)
+
+
+def check_batch(cfg: fm_train.TrainConfig, n_devices: int) -> None:
+    """Raise unless the global batch splits evenly over the devices."""
+    if cfg.batch_size % n_devices:
+        raise ValueError(f"cfg.batch_size must be a multiple of the device count {n_devices}, "
+                         f"got {cfg.batch_size=}")
+
+
+def check_rowwise(cfg: fm_train.TrainConfig, what: str) -> None:
+    """Raise unless ``cfg.tx`` steps rows independently (the built-in optimizers)."""
+    if not cfg.sparse:
+        raise TypeError(f"{what} needs a row-wise optimizer (gpustat's lazy_sgd, lazy_adagrad, "
+                        f"lazy_adam or ftrl), got cfg.tx of type {type(cfg.tx).__name__}")
 
 
 def _epoch_tables(data: ShardedRows, local_orders, batch_size: int, mesh: Mesh):

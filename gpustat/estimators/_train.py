@@ -60,6 +60,7 @@ __all__ = [
     "decision_scores",
     "make_optimizer",
     "to_device_rows",
+    "touched_rows",
     "train_epoch",
     "train_epochs",
 ]
@@ -328,10 +329,17 @@ def _summed(cfg: TrainConfig, contributions, slot_rows, n_rows: int):
     ``slot_rows[e]``). Returns (grads, touched), both pytrees shaped like the
     parameters with ``n_rows`` feature rows (touched leaves broadcast)."""
     small, r_touched, lin, factor_rows = contributions
-    n_classes = small["w0"].shape[0]
     scatter = _scatter_fn(cfg.backend)
-    aux = scatter(slot_rows, lin, n_rows)
-    factors = scatter(slot_rows, factor_rows, n_rows)
+    return _unpacked(cfg, small, r_touched, scatter(slot_rows, lin, n_rows),
+                     scatter(slot_rows, factor_rows, n_rows))
+
+
+def _unpacked(cfg: TrainConfig, small, r_touched, aux, factors):
+    """(grads, touched) of summed rows: ``aux`` (rows, C + 1 [+ F]) holds the linear
+    gradient and the touch counts, ``factors`` (rows, C [F] k) the factor gradient
+    (the two tables :func:`_contributions` emits, summed per feature row)."""
+    n_rows = aux.shape[0]
+    n_classes = small["w0"].shape[0]
     grads = dict(small)
     grads["w"] = aux[:, :n_classes]
     feature_touched = (aux[:, n_classes] > 0)[:, None]
@@ -417,25 +425,47 @@ def _state_map(fn, state, *others):
     return type(state)(*(fn(*fields) for fields in zip(state, *others)))
 
 
+def touched_rows(idx, n_rows: int):
+    """The rows ``idx`` (values in ``[0, n_rows]``) touches and each entry's position.
+
+    Returns ``(uniq, local)``: the sorted unique ids padded with the out-of-range
+    ``n_rows`` to the static size ``min(idx.size, n_rows + 1)``, and ``local`` shaped like
+    ``idx``. With at least ``n_rows + 1`` entries the list is every row, ``arange(n_rows +
+    1)`` and ``local = idx`` (no sort: the list could not be shorter; untouched rows get no
+    gradient and the lazy step leaves them alone).
+    """
+    if idx.size >= n_rows + 1:
+        return jnp.arange(n_rows + 1, dtype=idx.dtype), idx
+    uniq, inverse = jnp.unique(idx.reshape(-1), size=idx.size, fill_value=n_rows,
+                               return_inverse=True)
+    return uniq, inverse.reshape(idx.shape)
+
+
 def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
     """A step of a row-wise transformation on the rows of the features the batch touches.
 
-    The batch's feature indices are made unique (a fixed size, B z, padded with
-    the out-of-range index p) and the rows of the parameters gathered once; the
+    The batch's feature indices are made unique (:func:`touched_rows`: a fixed size,
+    ``min(B z, p + 1)``, padded with the out-of-range index p) and the rows of the
+    parameters gathered once; the
     batch is scored on them (slot indices into the gathered rows), its slot
     contributions are summed into them, and they and the gathered rows of the
     state are stepped and scattered back. Untouched gathered rows (the padding
     slots' feature) come back unchanged, as the lazy transformation leaves them.
     """
-    idx = data.idx[rows]
-    size = idx.size
-    uniq, inverse = jnp.unique(idx.reshape(-1), size=size, fill_value=cfg.n_features,
-                               return_inverse=True)
-    local = inverse.reshape(idx.shape)
+    uniq, local = touched_rows(data.idx[rows], cfg.n_features)
     sub = _gather_rows(params, uniq)
     inputs, batch_loss = _batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
                                        data.target[rows], data.weight[rows], count)
-    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1), size)
+    grads, touched = _summed(cfg, _contributions(cfg, sub, *inputs), local.reshape(-1),
+                             uniq.shape[0])
+    params, opt_state = _step_rows(cfg, params, opt_state, uniq, sub, grads, touched)
+    return params, opt_state, batch_loss
+
+
+def _step_rows(cfg: TrainConfig, params, opt_state, uniq, sub, grads, touched):
+    """Step the rows ``uniq`` (sorted, padded with the out-of-range index) of the
+    parameters and of the row-wise state, given their gathered parameter rows ``sub``
+    and the batch's summed (grads, touched) on them; the rest is left unchanged."""
     sub_state = _state_map(lambda field: _gather_rows(field, uniq), opt_state)
     grads = _add_l2(cfg, grads, touched, sub)
     updates, sub_state = cfg.tx.update(grads, sub_state, sub, touched=touched)
@@ -443,7 +473,7 @@ def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, co
     params = _scatter_rows(params, sub, uniq)
     opt_state = _state_map(lambda full, part: _scatter_rows(full, part, uniq), opt_state,
                            sub_state)
-    return params, opt_state, batch_loss
+    return params, opt_state
 
 
 def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, count):
@@ -467,7 +497,14 @@ def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders,
     return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
-def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
+# the same program with the parameters and state donated: their buffers hold the result
+# (a table near the device's memory has no room for a second copy)
+_train_epochs_donated = jax.jit(_train_epochs.__wrapped__, static_argnums=0,
+                                donate_argnums=(1, 2))
+
+
+def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, *,
+                 donate: bool = False):
     """Epochs over the rows in each of ``orders`` (contiguous batches of ``cfg.batch_size``).
 
     One compiled program runs them all (a loop over epochs around the loop over
@@ -480,6 +517,8 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
         opt_state: the transformation's state.
         data: the training rows.
         orders: sequence of (n,) row visit orders, one per epoch (same n).
+        donate: reuse the buffers of ``params`` and ``opt_state`` for the result
+            (they must not be used after the call).
 
     Returns:
         ``(params, opt_state, losses)``: ``losses`` (len(orders),) is each
@@ -504,17 +543,20 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders):
     counts = np.full(slots // bsz, bsz)
     counts[n_batches - 1] = n - (n_batches - 1) * bsz
     dtype = data.val.dtype
-    params, opt_state, losses = _train_epochs(
+    run = _train_epochs_donated if donate else _train_epochs
+    params, opt_state, losses = run(
         cfg, params, opt_state, data, jnp.asarray(padded.reshape(len(padded), -1, bsz)),
         jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
         jnp.asarray(len(orders), jnp.int32))
     return params, opt_state, losses[: len(orders)]
 
 
-def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray):
+def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray, *,
+                donate: bool = False):
     """One epoch over the rows in ``order``: :func:`train_epochs` with one order; the
     loss is the epoch's weighted loss sum (a scalar)."""
-    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order])
+    params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order],
+                                             donate=donate)
     return params, opt_state, losses[0]
 
 

@@ -28,6 +28,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import optax  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -328,41 +329,174 @@ def check_border():
     return {**errs, "slots_per_device": sharded.plan.local.num_atoms}
 
 
-def check_fm_training():
+def _training_problem(model="fm", optimizer="adagrad", p=12, density=0.3):
+    """61 training rows over 4 devices (blocks of 16 and 15; ceil(n / D) blocks
+    (16, 16, 16, 13) would leave a global batch before the last short, unlike the
+    single-device epoch), the settings and the single-device epoch over global_order.
+
+    A batch of 8 rows has more slots than a small table has rows: the row exchanges
+    then list every row; ``p = 400, density = 0.03`` makes them sort the touched ids."""
     mesh = distributed.make_mesh()
     rng = np.random.default_rng(8)
-    # 61 rows: blocks of 16 and 15; ceil(n / D) blocks (16, 16, 16, 13) would leave a
-    # global batch before the last short, unlike the single-device epoch
-    n, p, k, batch = 61, 12, 3, 8
-    X = sp.random(n, p, density=0.3, random_state=9, format="csr")
+    n, k, batch, n_fields = 61, 3, 8, (1 if model == "fm" else 3)
+    X = sp.random(n, p, density=density, random_state=9, format="csr")
     X.sort_indices()
     y = rng.integers(0, 2, n).astype(float)[:, None]
     weight = rng.uniform(0.5, 1.5, n)
-    fields = np.zeros(p, np.int32)
+    fields = (np.arange(p) % n_fields).astype(np.int32)
     tx, lazy, (l2w, l2v) = fm_train.make_optimizer(
-        "adagrad", model="fm", learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-3, l2_factors=1e-3)
-    cfg = fm_train.TrainConfig("fm", "logistic", p, 1, batch, tx, lazy, l2w, l2v, "reference")
-    params = {"w0": jnp.zeros(1), "w": jnp.zeros((p, 1)),
-              "V": jnp.asarray(rng.normal(0, 0.1, (p, 1, k)))}
+        optimizer, model=model, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+        ftrl_beta=1.0, l1_linear=1e-3, l1_factors=1e-3, l2_linear=1e-3, l2_factors=1e-3)
+    cfg = fm_train.TrainConfig(model, "logistic", p, n_fields, batch, tx, lazy, l2w, l2v,
+                               "reference")
+    lead = (p, 1, n_fields) if model == "ffm" else (p, 1)
+    params = {"w0": jnp.zeros(1), "w": jnp.asarray(rng.normal(0, 0.1, (p, 1))),
+              "V": jnp.asarray(rng.normal(0, 0.1, (*lead, k)))}
+    if model == "fwfm":
+        params["r"] = jnp.asarray(rng.uniform(0.5, 1.5, (1, n_fields, n_fields)))
     opt_state = tx.init(params)
     data = distributed.shard_training_rows(X, fields, y, weight, np.float64, mesh)
     orders = [rng.permutation(data.block_rows(g).size) for g in range(N_DEVICES)]
     assert [len(o) for o in orders] == [16, 15, 15, 15]
-    got = distributed.train_epoch(cfg, params, opt_state, data, orders, mesh)
-    single = fm_train.to_device_rows(X, fields, y, weight, np.float64)
     order = distributed.global_order(data, orders, batch)
     assert sorted(order.tolist()) == list(range(n))
+    single = fm_train.to_device_rows(X, fields, y, weight, np.float64)
     ref = fm_train.train_epoch(cfg, params, opt_state, single, order)
-    errs = {"params": _err(got[0], ref[0]), "loss": _err(got[2], ref[2])}
-    bad = fm_train.TrainConfig("fm", "logistic", p, 1, 6, tx, lazy, l2w, l2v, "reference")
-    _raises(lambda: distributed.train_epoch(bad, params, opt_state, data, orders, mesh),
+    assert _err(ref[0], params) > 1e-3  # the epoch moves the parameters
+    return dataclasses.make_dataclass("Problem", [
+        "mesh", "X", "cfg", "params", "opt_state", "data", "orders", "order", "single",
+        "ref"])(mesh, X, cfg, params, opt_state, data, orders, order, single, ref)
+
+
+def check_fm_training():
+    pb = _training_problem()
+    cfg, params, opt_state, data, orders = pb.cfg, pb.params, pb.opt_state, pb.data, pb.orders
+    errs = {}
+    for exchange in ("dense", "rows"):
+        got = distributed.train_epoch(cfg, params, opt_state, data, orders, pb.mesh,
+                                      exchange=exchange)
+        errs[exchange] = {"params": _err(got[0], pb.ref[0]), "state": _err(got[1], pb.ref[1]),
+                          "loss": _err(got[2], pb.ref[2])}
+    # FFM with Adam through the touched-row exchange, sorting the touched ids
+    ffm = _training_problem("ffm", "adam", p=400, density=0.03)
+    got = distributed.train_epoch(ffm.cfg, ffm.params, ffm.opt_state, ffm.data, ffm.orders,
+                                  ffm.mesh, exchange="rows")
+    errs["rows_ffm_adam"] = {"params": _err(got[0], ffm.ref[0]),
+                             "state": _err(got[1], ffm.ref[1]), "loss": _err(got[2], ffm.ref[2])}
+    bad = dataclasses.replace(cfg, batch_size=6)
+    _raises(lambda: distributed.train_epoch(bad, params, opt_state, data, orders, pb.mesh),
             ValueError, "batch_size")
     _raises(lambda: distributed.global_order(data, orders, 6), ValueError, "batch_size")
     _raises(lambda: distributed.train_epoch(cfg, params, opt_state, data, orders[:2],
                                             distributed.make_mesh(2)),
             ValueError, "data was sharded for 4 devices, the mesh has 2")
-    assert max(errs.values()) < 1e-12, errs
+    _raises(lambda: distributed.train_epoch(cfg, params, opt_state, data, orders, pb.mesh,
+                                            exchange="sparse"), ValueError, "exchange")
+    dense_tx = dataclasses.replace(cfg, tx=optax.sgd(0.1), lazy=False)
+    _raises(lambda: distributed.train_epoch(dense_tx, params, opt_state, data, orders, pb.mesh,
+                                            exchange="rows"), TypeError, "row-wise")
+    assert max(max(e.values()) for e in errs.values()) < 1e-12, errs
+    return errs
+
+
+def _owner_counts(pb, n_rows: int) -> np.ndarray:
+    """(batches,) the most unique feature ids one device's share of a batch asks of one
+    owner (contiguous blocks of n_rows / D rows), counted in numpy."""
+    local_batch = pb.cfg.batch_size // N_DEVICES
+    X = pb.X.tocsr()
+    most = []
+    for start in range(0, max(len(o) for o in pb.orders), local_batch):
+        worst = 0
+        for g, order in enumerate(pb.orders):
+            rows = pb.data.block_rows(g)[order[start:start + local_batch]]
+            ids = np.unique(X[rows].indices)
+            # a row's padding slots read feature 0 (value 0): it is requested too
+            if len(rows) and (np.diff(X.indptr)[rows] < pb.data.rows.idx.shape[2]).any():
+                ids = np.union1d(ids, [0])
+            owners = np.bincount(ids // (n_rows // N_DEVICES), minlength=N_DEVICES)
+            worst = max(worst, int(owners.max(initial=0)))
+        most.append(worst)
+    return np.array(most)
+
+
+def check_fm_table():
+    errs = {}
+    # 13 rows: padded to 4 x 4; 398 rows: padded to 4 x 100, the touched ids sorted
+    for model, optimizer, p, density in (("fm", "adagrad", 13, 0.3), ("fwfm", "ftrl", 13, 0.3),
+                                         ("ffm", "adam", 398, 0.03)):
+        pb = _training_problem(model, optimizer, p, density)
+        n_rows = -(-p // N_DEVICES) * N_DEVICES
+        params, opt_state = distributed.shard_fm_table(pb.params, pb.opt_state, pb.mesh)
+        assert params["V"].shape[0] == n_rows and _spec(params["V"]) == PartitionSpec("rows")
+        assert _spec(params["w0"]) == PartitionSpec()
+        got = distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data,
+                                                     pb.orders, pb.mesh)
+        assert not np.any(np.asarray(got[0]["V"][p:])), "padding rows moved"
+
+        def head(tree, p=p):
+            return {name: leaf[:p] if name in ("w", "V") else leaf for name, leaf in tree.items()}
+
+        errs[model] = {"params": _err(head(got[0]), pb.ref[0]),
+                       "state": _err(fm_train._state_map(head, got[1]), pb.ref[1]),
+                       "loss": _err(got[2], pb.ref[2])}
+    # capacity: the plan covers the numpy count; a smaller one stops at the first batch
+    # that exceeds it, with the state of the single-device epoch over the batches before
+    rng = np.random.default_rng(3)
+    while True:  # orders whose first batch asks less of one owner than a later one
+        pb.orders = [rng.permutation(len(o)) for o in pb.orders]
+        most = _owner_counts(pb, n_rows)
+        if most[0] < most.max():
+            break
+    planned = distributed.plan_capacity(pb.data, pb.orders, pb.cfg.batch_size, n_rows,
+                                        pb.mesh)
+    slots = pb.cfg.batch_size // N_DEVICES * pb.data.rows.idx.shape[2]
+    assert most.max() <= planned <= min(slots, n_rows // N_DEVICES), (most, planned)
+    # the owners sort what they were asked (fewer ids than rows), the requesters too
+    assert N_DEVICES * planned < n_rows // N_DEVICES + 1 and slots < n_rows + 1, (planned, slots)
+    capacity = int(most.max()) - 1
+    first = int(np.argmax(most > capacity))
+    params, opt_state = distributed.shard_fm_table(pb.params, pb.opt_state, pb.mesh)
+    try:
+        distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data, pb.orders,
+                                               pb.mesh, capacity=capacity)
+        raise AssertionError("capacity overflow not reported")
+    except distributed.CapacityError as e:
+        assert e.batch == first and f"batch {first}" in str(e), (e.batch, first, str(e))
+        order = distributed.global_order(pb.data, pb.orders, pb.cfg.batch_size)
+        part = fm_train.train_epoch(pb.cfg, pb.params, pb.opt_state, pb.single,
+                                    order[:pb.cfg.batch_size * first])
+        errs[f"stopped_at_batch_{first}"] = {"params": _err(head(e.params), part[0]),
+                                             "loss": _err(e.loss, part[2])}
+    # a fresh table drawn on the devices, 3 rows at a time (4 rows a device: the second
+    # chunk overlaps the first)
+    from gpustat.distributed import _fm_table
+
+    saved, _fm_table._INIT_CHUNK_VALUES = _fm_table._INIT_CHUNK_VALUES, 3 * 9
+    try:
+        fresh, state = distributed.init_fm_table("ffm", 13, 3, pb.cfg.tx, pb.mesh,
+                                                 key=jax.random.key(0), n_fields=3,
+                                                 init_scale=0.3, dtype=jnp.float64)
+    finally:
+        _fm_table._INIT_CHUNK_VALUES = saved
+    V = np.asarray(fresh["V"])
+    assert V.shape == (16, 1, 3, 3) and _spec(fresh["V"]) == PartitionSpec("rows")
+    assert np.all(V[13:] == 0) and np.all((V[:13] >= 0) & (V[:13] <= 0.3 / np.sqrt(3)))
+    assert np.unique(V[:13]).size == V[:13].size and not np.any(np.asarray(fresh["w"]))
+    assert _spec(state[0]["V"]) == PartitionSpec("rows")
+    _raises(lambda: distributed.train_epoch_model_parallel(pb.cfg, pb.params, pb.opt_state,
+                                                           pb.data, pb.orders, pb.mesh),
+            ValueError, "row-sharded")
+    _raises(lambda: distributed.train_epoch_model_parallel(
+        dataclasses.replace(pb.cfg, tx=optax.sgd(0.1), lazy=False), params, opt_state,
+        pb.data, pb.orders, pb.mesh), TypeError, "row-wise")
+    _raises(lambda: distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data,
+                                                           pb.orders, pb.mesh, capacity=0),
+            ValueError, "capacity")
+    _raises(lambda: distributed.plan_capacity(pb.data, pb.orders, 8, 13, pb.mesh), ValueError,
+            "n_rows=13")
+    _raises(lambda: distributed.init_fm_table("gm", 13, 3, pb.cfg.tx, pb.mesh,
+                                              key=jax.random.key(0)), ValueError, "model")
+    assert max(max(e.values()) for e in errs.values()) < 1e-10, errs
     return errs
 
 

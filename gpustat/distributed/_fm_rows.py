@@ -1,0 +1,192 @@
+"""Row exchanges of sparse FM / FFM / FwFM training steps on a mesh: only touched rows travel.
+
+Both steps run inside ``shard_map`` on one device's share of a global batch and use
+the single-device row-wise step of :mod:`gpustat.estimators._train` (a
+:class:`~gpustat.estimators._optim.RowwiseTransformation`): the device's batch
+indices are made unique (a static capacity ``min(B_local z, p)``, padded with the
+out-of-range index), the parameter rows they name are gathered, the batch is
+scored on them and its slot contributions are summed into those rows. What differs
+is where the rows live (a list of ids as long as the table is the table's own
+rows, :func:`~gpustat.estimators._train.touched_rows`):
+
+* :func:`replicated_rows_step` (every device holds the whole table): the
+  ``(capacity,)`` index lists and the summed row gradients are all-gathered; every
+  device merges them into the batch's global unique rows and steps them. Each
+  device's list is duplicate-free, so every merged row receives at most one
+  nonzero contribution per device, added in device order: the merge is the same
+  on every device and the replicas stay identical.
+* :func:`table_rows_step` (the feature rows of ``w`` and ``V`` and their optimizer
+  state row-sharded: device ``g`` owns the contiguous rows
+  ``[g p_local, (g + 1) p_local)``): the sorted unique list is already grouped by
+  owner; one ``all_to_all`` sends each owner up to ``capacity`` requested row ids,
+  a second returns the rows, a third sends the summed row gradients back (the
+  leaves of one exchange packed into one buffer); each
+  owner sums the contributions of all requesters per row and steps its rows once.
+  A device with more than ``capacity`` rows for one owner raises the step's
+  overflow flag (the driver raises; nothing is dropped silently).
+
+The bias ``w0`` and FwFM's ``r`` stay replicated: their gradients, the touched mask
+of ``r`` and the loss are summed by one packed ``psum``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpustat.distributed._mesh import psum_packed
+from gpustat.estimators import _train as fm_train
+
+__all__ = ["owner_requests", "replicated_rows_step", "table_rows_step"]
+
+
+def _row_gradients(cfg: fm_train.TrainConfig, sub, local, data: fm_train.DeviceRows, rows,
+                   count):
+    """The batch rows ``rows`` scored on the gathered parameter rows ``sub`` (slot
+    ``e`` reads row ``local[e]``), their contributions summed into those rows.
+
+    Returns ``(small, r_touched, aux, factors, loss)``: the gradients of the small
+    leaves, FwFM's touched mask of ``r`` (else None), the (rows, C + 1 [+ F]) linear
+    gradients and touch counts, the (rows, C [F] k) factor gradients, and the
+    batch's weighted loss.
+    """
+    inputs, loss = fm_train._batch_inputs(cfg, sub, local, data.val[rows], data.fld[rows],
+                                          data.target[rows], data.weight[rows], count)
+    small, r_touched, lin, factor_rows = fm_train._contributions(cfg, sub, *inputs)
+    scatter = fm_train._scatter_fn(cfg.backend)
+    n_rows, slots = sub["w"].shape[0], local.reshape(-1)
+    return (small, r_touched, scatter(slots, lin, n_rows), scatter(slots, factor_rows, n_rows),
+            loss)
+
+
+def replicated_rows_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state,
+                         data: fm_train.DeviceRows, rows, count):
+    """One global batch with the table replicated and only touched rows exchanged.
+
+    Args:
+        cfg: static settings; ``cfg.tx`` a row-wise transformation.
+        axis: the mesh axis.
+        params, opt_state: the whole (replicated) parameters and state.
+        data: this device's rows; ``rows`` (B / D,) its share of the batch.
+        count: the global batch's row count.
+
+    Returns:
+        ``(params, opt_state, loss)``, identical on every device.
+    """
+    idx = data.idx[rows]
+    p = params["w"].shape[0]
+    uniq, local = fm_train.touched_rows(idx, p)
+    sub = fm_train._gather_rows(params, uniq)
+    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, local, data, rows, count)
+    small, r_touched, loss = psum_packed((small, r_touched, loss), axis)
+    every_uniq = jax.lax.all_gather(uniq, axis)
+    every_aux, every_factors = _packed(lambda a: jax.lax.all_gather(a, axis), (aux, factors), 1)
+    n_dev = every_uniq.shape[0]
+    merged, where = fm_train.touched_rows(every_uniq, p)
+    # device by device: within one list the rows are distinct (the padding entries,
+    # which carry zeros, excepted), so no row sees two contributions in one scatter
+    aux = jnp.zeros((merged.shape[0], aux.shape[1]), aux.dtype)
+    factors = jnp.zeros((merged.shape[0], factors.shape[1]), factors.dtype)
+    for g in range(n_dev):
+        aux = aux.at[where[g]].add(every_aux[g])
+        factors = factors.at[where[g]].add(every_factors[g])
+    grads, touched = fm_train._unpacked(cfg, small, r_touched, aux, factors)
+    params, opt_state = fm_train._step_rows(cfg, params, opt_state, merged,
+                                            fm_train._gather_rows(params, merged), grads,
+                                            touched)
+    return params, opt_state, loss
+
+
+def owner_requests(uniq, n_dev: int, rows_per_device: int, capacity: int):
+    """Split a sorted unique id list (padded with ``n_dev * rows_per_device``) by owner.
+
+    Returns ``(ask, pos, counts)``: (D, capacity) ids local to each owner (the
+    out-of-range ``rows_per_device`` where unused), their (D, capacity) positions in
+    ``uniq`` (``len(uniq)`` where unused) and the (D,) number of ids per owner.
+    """
+    bounds = jnp.arange(n_dev + 1, dtype=uniq.dtype) * rows_per_device
+    starts = jnp.searchsorted(uniq, bounds).astype(jnp.int32)
+    counts = starts[1:] - starts[:-1]
+    slot = jnp.arange(capacity, dtype=jnp.int32)
+    valid = slot[None, :] < counts[:, None]
+    pos = jnp.where(valid, starts[:-1, None] + slot[None, :], uniq.shape[0])
+    ask = jnp.where(valid, uniq.at[pos].get(mode="fill", fill_value=0) - bounds[:-1, None],
+                    rows_per_device)
+    return ask, pos, counts
+
+
+def _packed(collective, arrays, lead: int):
+    """``collective`` applied once to ``arrays`` (one dtype, the same ``lead`` leading
+    axes) joined along their flattened trailing axes, the result split back: one
+    collective instead of one per array (each carries a fixed latency on GPUs)."""
+    flat = [a.reshape(*a.shape[:lead], -1) for a in arrays]
+    out = collective(jnp.concatenate(flat, axis=-1))
+    parts = jnp.split(out, np.cumsum([f.shape[-1] for f in flat])[:-1], axis=-1)
+    return [part.reshape(*out.shape[:-1], *a.shape[lead:]) for part, a in zip(parts, arrays)]
+
+
+def _exchange(arrays, axis: str):
+    """``all_to_all`` of (D, capacity, ...) arrays of one dtype, packed: block ``t`` goes to
+    device ``t``, and block ``s`` of the result came from device ``s``."""
+    return _packed(lambda a: jax.lax.all_to_all(a, axis, 0, 0), arrays, 2)
+
+
+def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params, opt_state,
+                    data: fm_train.DeviceRows, rows, count, stopped):
+    """One global batch on a row-sharded table.
+
+    Args:
+        cfg: static settings; ``cfg.tx`` a row-wise transformation.
+        axis: the mesh axis.
+        capacity: static number of row ids one device may request from one owner.
+        params, opt_state: this device's rows of ``w``, ``V`` and of their state
+            (``p_local`` rows each), the replicated ``w0`` and ``r``.
+        data: this device's rows; ``rows`` (B / D,) its share of the batch.
+        count: the global batch's row count.
+        stopped: replicated bool: apply nothing (an earlier batch overflowed).
+
+    Returns:
+        ``(params, opt_state, loss, overflow)``: the stepped local rows, the global
+        batch's loss and whether any device needed more than ``capacity`` rows of
+        one owner, both replicated. An overflowing (or stopped) step changes nothing
+        and its loss is 0.
+    """
+    n_dev = jax.lax.axis_size(axis)
+    p_local = params["w"].shape[0]
+    p = n_dev * p_local
+    idx = data.idx[rows]
+    uniq, local = fm_train.touched_rows(idx, p)
+    ask, pos, counts = owner_requests(uniq, n_dev, p_local, capacity)
+    (asked,) = _exchange((ask,), axis)  # asked[s]: ids device s wants from this device
+    served = fm_train._gather_rows(params, asked.reshape(-1))
+    answers = _exchange([served[name].reshape(n_dev, capacity, *served[name].shape[1:])
+                         for name in fm_train._ROW_LEAVES], axis)
+    flat_pos = pos.reshape(-1)
+    sub = dict(params)
+    for name, got in zip(fm_train._ROW_LEAVES, answers):
+        leaf = jnp.zeros((uniq.shape[0], *got.shape[2:]), got.dtype)
+        sub[name] = leaf.at[flat_pos].set(got.reshape(-1, *got.shape[2:]), mode="drop")
+    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, local, data, rows, count)
+    overflow = (counts > capacity).any()
+    small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
+    back_aux, back_factors = _exchange(
+        [a.at[pos].get(mode="fill", fill_value=0) for a in (aux, factors)], axis)
+    mine, where = fm_train.touched_rows(asked, p_local)
+    grads, touched = fm_train._summed(
+        cfg, (small, r_touched, back_aux.reshape(asked.size, -1),
+              back_factors.reshape(asked.size, -1)), where.reshape(-1), mine.shape[0])
+    skip = stopped | overflow
+    # a skipped step steps no row (every id out of range: dropped) and keeps the
+    # replicated leaves
+    mine = jnp.where(skip, p_local, mine)
+    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, mine,
+                                                fm_train._gather_rows(params, mine), grads,
+                                                touched)
+
+    def keep(new, old):
+        return {name: leaf if name in fm_train._ROW_LEAVES else jnp.where(skip, old[name], leaf)
+                for name, leaf in new.items()}
+
+    return (keep(new_params, params), fm_train._state_map(keep, new_state, opt_state),
+            jnp.where(skip, 0, loss), overflow)
