@@ -101,19 +101,24 @@ def replicated_rows_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state
 def owner_requests(uniq, n_dev: int, rows_per_device: int, capacity: int):
     """Split a sorted unique id list (padded with ``n_dev * rows_per_device``) by owner.
 
-    Returns ``(ask, pos, counts)``: (D, capacity) ids local to each owner (the
-    out-of-range ``rows_per_device`` where unused), their (D, capacity) positions in
-    ``uniq`` (``len(uniq)`` where unused) and the (D,) number of ids per owner.
+    Returns ``(ask, slot, counts)``: (D, capacity) ids local to each owner (the
+    out-of-range ``rows_per_device`` where unused); for each entry of ``uniq`` the row
+    of the flattened (D capacity) answer block its row comes back in (0 for padding
+    entries and for ids past an owner's ``capacity``, which make the step overflow);
+    and the (D,) number of ids per owner.
     """
     bounds = jnp.arange(n_dev + 1, dtype=uniq.dtype) * rows_per_device
     starts = jnp.searchsorted(uniq, bounds).astype(jnp.int32)
     counts = starts[1:] - starts[:-1]
-    slot = jnp.arange(capacity, dtype=jnp.int32)
-    valid = slot[None, :] < counts[:, None]
-    pos = jnp.where(valid, starts[:-1, None] + slot[None, :], uniq.shape[0])
+    rank = jnp.arange(capacity, dtype=jnp.int32)
+    valid = rank[None, :] < counts[:, None]
+    pos = jnp.where(valid, starts[:-1, None] + rank[None, :], uniq.shape[0])
     ask = jnp.where(valid, uniq.at[pos].get(mode="fill", fill_value=0) - bounds[:-1, None],
                     rows_per_device)
-    return ask, pos, counts
+    owner = jnp.minimum(uniq // rows_per_device, n_dev).astype(jnp.int32)  # padding: D
+    within = jnp.arange(uniq.shape[0], dtype=jnp.int32) - starts[owner]
+    slot = jnp.where((owner < n_dev) & (within < capacity), owner * capacity + within, 0)
+    return ask, slot, counts
 
 
 def _packed(collective, arrays, lead: int):
@@ -157,21 +162,23 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
     p = n_dev * p_local
     idx = data.idx[rows]
     uniq, local = fm_train.touched_rows(idx, p)
-    ask, pos, counts = owner_requests(uniq, n_dev, p_local, capacity)
+    ask, slot, counts = owner_requests(uniq, n_dev, p_local, capacity)
     (asked,) = _exchange((ask,), axis)  # asked[s]: ids device s wants from this device
     served = fm_train._gather_rows(params, asked.reshape(-1))
     answers = _exchange([served[name].reshape(n_dev, capacity, *served[name].shape[1:])
                          for name in fm_train._ROW_LEAVES], axis)
-    flat_pos = pos.reshape(-1)
+    # the batch is scored on the answer blocks as they arrive (D capacity rows, unused
+    # ones zero), its slots pointing at their id's answer row; the row gradients come
+    # out in the same layout and go straight back
     sub = dict(params)
     for name, got in zip(fm_train._ROW_LEAVES, answers):
-        leaf = jnp.zeros((uniq.shape[0], *got.shape[2:]), got.dtype)
-        sub[name] = leaf.at[flat_pos].set(got.reshape(-1, *got.shape[2:]), mode="drop")
-    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, local, data, rows, count)
+        sub[name] = got.reshape(n_dev * capacity, *got.shape[2:])
+    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, slot[local], data, rows,
+                                                          count)
     overflow = (counts > capacity).any()
     small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
     back_aux, back_factors = _exchange(
-        [a.at[pos].get(mode="fill", fill_value=0) for a in (aux, factors)], axis)
+        [a.reshape(n_dev, capacity, -1) for a in (aux, factors)], axis)
     mine, where = fm_train.touched_rows(asked, p_local)
     grads, touched = fm_train._summed(
         cfg, (small, r_touched, back_aux.reshape(asked.size, -1),
