@@ -50,6 +50,7 @@ from sklearn.utils.validation import (
 )
 
 from gpustat._checks import check_int, check_real
+from gpustat._prefetch import prefetched
 from gpustat.estimators import _train as fm_train
 from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 
@@ -412,14 +413,15 @@ class _FactorizationMachine(BaseEstimator):
                                    int(self.batch_size), tx, lazy, l2_linear, l2_factors, backend)
         dtype = self._np_dtype()
         rows = fm_train.host_rows(X, fields, self._targets(y_codes, dtype), weights, dtype)
-        if opt_state is None:
-            opt_state = fm_train.init_state(tx, params)
         total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         if eval_data is None and not self.verbose:
+            # a fresh state (opt_state None) starts inside the one program
             params, opt_state, sums = fm_train.fit_epochs(cfg, params, opt_state, rows, orders)
             params, opt_state, sums = jax.device_get((params, opt_state, sums))
             losses = np.concatenate([group[:count] for group, count in sums]) / total_weight
             return params, opt_state, losses.tolist(), None
+        if opt_state is None:
+            opt_state = fm_train.init_state(tx, params)
         data = fm_train._ell_layout(rows.z, *jax.device_put(rows.arrays))
         val_rows = None
         if eval_data is not None:
@@ -550,8 +552,10 @@ class _FactorizationMachine(BaseEstimator):
             params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
                                                                     int(fields.max()) + 1)), None
         n_rows = X.shape[0]
-        # drawn epoch by epoch: max_iter orders of n rows need not fit in memory at once
-        orders = (rng.permutation(n_rows) for _ in range(self.max_iter))
+        # drawn epoch by epoch (max_iter orders of n rows need not fit in memory at once),
+        # a few ahead by a worker thread while this one packs and sends the rows
+        orders = prefetched((rng.permutation(n_rows) for _ in range(self.max_iter)),
+                            min(self.max_iter, 4))
         params, opt_state, losses, val_scores = self._train(
             X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
             eval_data=eval_data, backend=backend, fields=fields)
@@ -587,7 +591,9 @@ class _FactorizationMachine(BaseEstimator):
         if first:
             rng = np.random.default_rng(self.random_state)
             params = self._to_internal(self._init_public(rng, X.shape[1], int(fields.max()) + 1))
-            opt_state = None
+            # started here, not in the training program: every chunk then runs the same
+            # program (a fresh and a continued state would be two)
+            opt_state = fm_train.init_state(self._optimizer()[0], params)
             self.n_iter_ = 0
         else:
             self._check_outputs()

@@ -510,7 +510,10 @@ _train_epochs = jax.jit(_epochs, static_argnums=0)
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _fit_epochs(cfg: TrainConfig, z: int, params, opt_state, csr, orders, counts, n_batches,
                 n_epochs):
-    """:func:`_layout` of the transferred CSR arrays, then the epochs: one program."""
+    """:func:`_layout` of the transferred CSR arrays, then the epochs: one program.
+    ``opt_state=None`` starts the transformation's state inside it."""
+    if opt_state is None:
+        opt_state = cfg.tx.init(params)
     return _epochs(cfg, params, opt_state, _layout(z, *csr), orders, counts, n_batches,
                    n_epochs)
 
@@ -540,7 +543,8 @@ def _epoch_plan(batch_size: int, n_pad: int, orders, dtype):
     small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
     e_pad = max(next_pow2(len(orders)), small_data_epochs)
     padded = np.full((e_pad, slots), n_pad - 1, np.int32)
-    padded[: len(orders), :n] = np.asarray(orders)
+    for e, order in enumerate(orders):
+        padded[e, :n] = order
     counts = np.full(slots // bsz, bsz)
     counts[n_batches - 1] = n - (n_batches - 1) * bsz
     return jax.device_put((padded.reshape(e_pad, -1, bsz), counts.astype(dtype),
@@ -587,12 +591,13 @@ def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
     Each call of the compiled program builds the row layout from the CSR arrays
     and runs a power-of-two group of epochs (all of them unless their row orders
     would pass ``_ORDER_SLOTS``), so a fit compiles one program; orders are drawn
-    group by group, never all held at once.
+    group by group, never all held at once. ``opt_state=None`` starts the
+    transformation's state in the same program.
 
     Returns:
-        ``(params, opt_state, losses)``: ``losses`` a list of device arrays, per
-        group the weighted loss sums of its epochs (padded: ``n_epochs`` of
-        each group's entries are real, in order). Nothing is copied to the host.
+        ``(params, opt_state, losses)``: ``losses`` a list of ``(sums, count)``,
+        per group the device array of its epochs' weighted loss sums (padded:
+        the first ``count`` are real, in order). Nothing is copied to the host.
     """
     csr = jax.device_put(rows.arrays)
     group = max(1, _ORDER_SLOTS // rows.n_pad)
