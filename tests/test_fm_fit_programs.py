@@ -52,15 +52,18 @@ def _ctr(n=300, p=40, f=4, seed=0):
 
 def test_fit_compiles_one_program_and_an_equal_fit_none():
     """Layout, optimizer state and every epoch are one program; a new estimator with equal
-    settings and shapes reuses it (an unusual learning rate keys a fresh compile)."""
+    settings and shapes in the same buckets (here 3 more, unused, features) reuses it (an
+    unusual learning rate keys a fresh compile)."""
     X, y, fields = _ctr()
     kw = dict(n_factors=3, max_iter=3, batch_size=64, learning_rate=0.0123457, random_state=0)
     with _Compiles() as first:
         FFMClassifier(**kw).fit(X, y, field_ids=fields)
     with _Compiles() as again:
         est = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+        wider = sp.hstack([X, sp.csr_matrix((X.shape[0], 3))], format="csr")  # p 40 -> 43
+        FFMClassifier(**kw).fit(wider, y, field_ids=np.r_[fields, 0, 1, 2])
     assert first.names == ["jit(_fit_epochs)"], first.names
-    assert again.names == [], again.names
+    assert again.names == [], again.names  # same settings, same shape buckets
     assert len(est.loss_curve_) == 3 and np.all(np.isfinite(est.loss_curve_))
 
 

@@ -470,29 +470,28 @@ class _FactorizationMachine(BaseEstimator):
             self._check_representable(y, "y")
             return y
         y = column_or_1d(y, warn=True)
+        labels, codes = _label_codes(y)  # the few distinct labels, then each row's
         if first and classes is None:
-            labels, codes = _label_codes(y)
             if len(labels) < 2:
                 raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
                                  f"{labels.tolist()}")
             self.classes_ = labels
             return codes
-        check_classification_targets(y)
         if first:
-            labels = unique_labels(np.asarray(classes))
-            if len(labels) < 2:
+            labels_all = unique_labels(np.asarray(classes))
+            if len(labels_all) < 2:
                 raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
-                                 f"{labels.tolist()}")
-            self.classes_ = labels
+                                 f"{labels_all.tolist()}")
+            self.classes_ = labels_all
         elif classes is not None and not np.array_equal(unique_labels(np.asarray(classes)),
                                                         self.classes_):
             raise ValueError(f"classes={list(classes)} differ from classes_="
                              f"{self.classes_.tolist()} of the first call")
-        unknown = ~np.isin(y, self.classes_)
+        unknown = ~np.isin(labels, self.classes_)
         if np.any(unknown):
-            raise ValueError(f"y contains labels {np.unique(y[unknown]).tolist()} not in "
+            raise ValueError(f"y contains labels {labels[unknown].tolist()} not in "
                              f"classes_={self.classes_.tolist()}")
-        return np.searchsorted(self.classes_, y)
+        return np.searchsorted(self.classes_, labels)[codes]
 
     @contextlib.contextmanager
     def _restored_on_error(self):

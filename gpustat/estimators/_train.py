@@ -125,9 +125,10 @@ def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
     """Pad a canonical CSR matrix (no explicit zeros, no duplicates) for its transfer.
 
     Rows are padded to ``n_pad = bucket(n + 1, 256)`` (at least one padding row)
-    and entries to ``bucket(nnz + 1, 256)``; the row layout is ``z``, the next
-    power of two (>= 8) of the longest row. Values, targets and weights are
-    cast to ``dtype`` in the same copy.
+    and entries to ``bucket(nnz + 1, 256)``, the field table to ``bucket(p, 16)``
+    (as the parameters; no row refers to the padding); the row layout is ``z``,
+    the next power of two (>= 8) of the longest row. Values, targets and
+    weights are cast to ``dtype`` in the same copy.
     """
     n = X.shape[0]
     z = max(next_pow2(int(np.diff(X.indptr).max()) if n else 1), 8)
@@ -146,7 +147,9 @@ def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
     tgt[:n] = target
     wgt = np.zeros(n_pad, dtype)
     wgt[:n] = weight
-    return HostRows(z, (indptr, indices, data, np.asarray(field_ids, np.int32), tgt, wgt))
+    fields = np.zeros(bucket(X.shape[1], 16), np.int32)  # the parameters' feature bucket
+    fields[: X.shape[1]] = field_ids
+    return HostRows(z, (indptr, indices, data, fields, tgt, wgt))
 
 
 def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
