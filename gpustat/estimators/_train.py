@@ -593,9 +593,10 @@ def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
 
     Each call of the compiled program builds the row layout from the CSR arrays
     and runs a power-of-two group of epochs (all of them unless their row orders
-    would pass ``_ORDER_SLOTS``), so a fit compiles one program; orders are drawn
-    group by group, never all held at once. ``opt_state=None`` starts the
-    transformation's state in the same program.
+    would pass ``_ORDER_SLOTS``); orders are drawn group by group, never all held
+    at once. ``opt_state=None`` starts the transformation's state in the same
+    program, so a fit whose epochs make one group compiles one program (later
+    groups continue the state: a second variant).
 
     Returns:
         ``(params, opt_state, losses)``: ``losses`` a list of ``(sums, count)``,
