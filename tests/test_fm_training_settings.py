@@ -56,13 +56,13 @@ def test_batch_larger_than_the_data_is_one_batch_of_every_row(monkeypatch):
     X = rng.normal(size=(n, p)) * (rng.random((n, p)) < 0.5)
     y = rng.normal(size=n)
     widths = []
-    train = fm_train._train_epochs
+    train = fm_train._fit_epochs
 
-    def spy(cfg, params, opt_state, data, orders, *args):
-        widths.append((orders.shape[-1], data.idx.shape[0]))
-        return train(cfg, params, opt_state, data, orders, *args)
+    def spy(cfg, z, params, opt_state, csr, orders, *args):
+        widths.append((orders.shape[-1], csr[0].shape[0] - 1))  # batch width, padded rows
+        return train(cfg, z, params, opt_state, csr, orders, *args)
 
-    monkeypatch.setattr(fm_train, "_train_epochs", spy)
+    monkeypatch.setattr(fm_train, "_fit_epochs", spy)
     est = FMRegressor(n_factors=k, optimizer="sgd", learning_rate=0.05, max_iter=2,
                       batch_size=4096, init_scale=0.3, random_state=4, dtype="float64",
                       backend="reference").fit(X, y)

@@ -31,13 +31,11 @@ starts. ``partial_fit`` visits rows in their given order.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import numbers
 import pickle
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import scipy.sparse as sp
@@ -52,6 +50,7 @@ from sklearn.utils.validation import (
 )
 
 from gpustat._checks import check_int, check_real
+from gpustat._prefetch import prefetched
 from gpustat.estimators import _train as fm_train
 from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 
@@ -73,12 +72,35 @@ CLASSIFIER_LOSSES = ("logistic", "softmax")
 _IO_VERSION = 1
 
 
+def _label_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted class labels of 1-D ``y`` and each entry's code (index into the labels).
+
+    Integer labels spanning a range no wider than ``4 len(y) + 1024`` are counted
+    (one pass, no sort); other labels are checked by scikit-learn's
+    ``check_classification_targets`` and sorted.
+    """
+    if y.size and (y.dtype.kind == "i" or (y.dtype.kind == "u" and y.dtype.itemsize < 8)):
+        lo, hi = int(y.min()), int(y.max())
+        if hi - lo <= 4 * y.size + 1024:
+            offset = y.astype(np.int64) - lo  # in [0, hi - lo]: exact in int64
+            present = np.bincount(offset, minlength=hi - lo + 1) > 0
+            code_of = np.cumsum(present) - 1
+            labels = (np.flatnonzero(present) + lo).astype(y.dtype)
+            return labels, code_of[offset]
+    check_classification_targets(y)
+    labels, codes = np.unique(y, return_inverse=True)  # one sort: labels and codes
+    return labels, codes.reshape(-1)
+
+
 def _canonical_csr(X) -> sp.csr_matrix:
-    """A private canonical copy: duplicates summed, explicit zeros dropped, indices sorted."""
-    X = sp.csr_matrix(X, dtype=np.float64, copy=True) if sp.issparse(X) else sp.csr_matrix(X)
-    X.sum_duplicates()
+    """``X`` as canonical float64 CSR: duplicates summed, explicit zeros dropped, indices
+    sorted. A canonical input is shared (read only, never written); any other is copied."""
+    X = sp.csr_matrix(X, dtype=np.float64)  # shares the arrays of a float64 CSR input
+    if X.has_canonical_format and np.count_nonzero(X.data) == X.nnz:
+        return X
+    X = X.copy()
+    X.sum_duplicates()  # sorts the indices too
     X.eliminate_zeros()
-    X.sort_indices()
     return X
 
 
@@ -146,9 +168,14 @@ class _FactorizationMachine(BaseEstimator):
         return X
 
     def _check_representable(self, values, name):
-        """Reject finite values the training dtype cannot hold (they would become inf)."""
-        largest = np.abs(values).max() if np.size(values) else 0.0
-        if largest > np.finfo(self._np_dtype()).max:
+        """Reject finite values the training dtype cannot hold (they would become inf).
+
+        ``values`` are finite float64 (checked before): float64 training holds them all."""
+        dtype = self._np_dtype()
+        if dtype == np.float64 or not np.size(values):
+            return
+        largest = max(-values.min(), values.max())  # two passes, no |values| temporary
+        if largest > np.finfo(dtype).max:
             raise ValueError(f"{name} has values up to {largest:.3g}, beyond the range of "
                              f"dtype={self.dtype!r}: use dtype='float64'")
 
@@ -262,7 +289,7 @@ class _FactorizationMachine(BaseEstimator):
             shape = [n + after for n, (_, after) in zip(value.shape, pads.get(name, []))]
             padded[name] = np.zeros(shape + list(value.shape[len(shape):]), dtype)
             padded[name][tuple(slice(n) for n in value.shape)] = value
-        return jax.tree.map(jnp.asarray, padded)
+        return jax.device_put(padded)
 
     def _n_fields_of(self, public):
         if self._model == "ffm":
@@ -298,15 +325,15 @@ class _FactorizationMachine(BaseEstimator):
 
     # ------------------------------------------------------------ training
 
-    def _targets(self, y_codes):
+    def _targets(self, y_codes, dtype=np.float64):
         """(n, C) training targets from label codes (classifier) or values (regressor)."""
         if not self._is_classifier:
-            return np.asarray(y_codes, np.float64)[:, None]
+            return np.asarray(y_codes, dtype)[:, None]
         eps = self.label_smoothing
         if self._loss() == "logistic":
-            return (y_codes * (1 - eps) + eps / 2)[:, None].astype(np.float64)
+            return (y_codes * (1 - eps) + eps / 2).astype(dtype)[:, None]
         c = len(self.classes_)
-        t = np.full((len(y_codes), c), eps / (c - 1))
+        t = np.full((len(y_codes), c), eps / (c - 1), dtype)
         t[np.arange(len(y_codes)), y_codes] = 1 - eps
         return t
 
@@ -330,7 +357,7 @@ class _FactorizationMachine(BaseEstimator):
             sw = sw * per_class[y_codes]
         self._check_representable(sw, "sample_weight")
         if whole_data and self._is_classifier:
-            alive = np.unique(y_codes[sw > 0])
+            alive = np.flatnonzero(np.bincount(y_codes, weights=sw > 0))
             if len(alive) < 2:
                 raise ValueError(f"only one class ({self.classes_[alive].tolist()}) has a "
                                  "positive sample weight: a classifier needs two")
@@ -366,15 +393,18 @@ class _FactorizationMachine(BaseEstimator):
         log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
-    def _train(self, X, y_codes, weights, *, orders, n_epochs, params, opt_state, eval_data,
-               backend, fields):
-        """Run ``n_epochs`` epochs, each in the next row order the iterator ``orders``
-        yields (drawn as needed).
+    def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
+               fields):
+        """Run an epoch per row order the iterator ``orders`` yields (drawn as needed).
+
+        Without ``eval_data`` and ``verbose`` the rows go to the device in one
+        transfer and all epochs run in one compiled program; the parameters,
+        state and losses come back in one copy at the end.
 
         Returns:
-            ``(params, opt_state, losses, val_scores)``: ``losses`` the weighted mean
-            training loss of each epoch run, ``val_scores`` the validation metric of
-            each epoch (None without ``eval_data``).
+            ``(params, opt_state, losses, val_scores)`` on the host: ``losses`` the
+            weighted mean training loss of each epoch run, ``val_scores`` the
+            validation metric of each epoch (None without ``eval_data``).
         """
         tx, lazy, (l2_linear, l2_factors) = self._optimizer()
         n_fields = params["r"].shape[-1] if self._model == "fwfm" else (
@@ -382,31 +412,27 @@ class _FactorizationMachine(BaseEstimator):
         cfg = fm_train.TrainConfig(self._model, self._loss(), params["w"].shape[0], n_fields,
                                    int(self.batch_size), tx, lazy, l2_linear, l2_factors, backend)
         dtype = self._np_dtype()
-        data = fm_train.to_device_rows(X, fields, self._targets(y_codes), weights, dtype)
+        rows = fm_train.host_rows(X, fields, self._targets(y_codes, dtype), weights, dtype)
+        total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
+        if eval_data is None and not self.verbose:
+            # a fresh state (opt_state None) starts inside the one program
+            params, opt_state, sums = fm_train.fit_epochs(cfg, params, opt_state, rows, orders)
+            params, opt_state, sums = jax.device_get((params, opt_state, sums))
+            losses = np.concatenate([group[:count] for group, count in sums]) / total_weight
+            return params, opt_state, losses.tolist(), None
         if opt_state is None:
-            opt_state = tx.init(params)
+            opt_state = fm_train.init_state(tx, params)
+        data = fm_train._ell_layout(rows.z, *jax.device_put(rows.arrays))
         val_rows = None
         if eval_data is not None:
             X_val, y_val_codes = eval_data
             val_rows = fm_train.to_device_rows(X_val, fields, np.zeros((X_val.shape[0], 1)),
                                                np.zeros(X_val.shape[0]), dtype)
-        total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         bar = None
         if self.verbose:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=n_epochs, desc=type(self).__name__, unit="epoch")
-        if val_rows is None and bar is None:
-            # nothing to show or check between epochs: run them in few calls, each
-            # holding at most ~16M row slots of permutations
-            group = max(1, (1 << 24) // data.idx.shape[0])
-            sums = []
-            while chunk := list(itertools.islice(orders, group)):
-                params, opt_state, chunk_sums = fm_train.train_epochs(cfg, params, opt_state,
-                                                                      data, chunk)
-                sums.append(chunk_sums)
-            losses = np.concatenate(jax.device_get(sums)) / total_weight
-            return params, opt_state, losses.tolist(), None
+            bar = tqdm(total=self.max_iter, desc=type(self).__name__, unit="epoch")
         best = (np.inf, params, opt_state)
         stale = 0
         losses, val_scores = [], []
@@ -430,9 +456,10 @@ class _FactorizationMachine(BaseEstimator):
                 break
         if bar is not None:
             bar.close()
-        if val_rows is None:
-            return params, opt_state, losses, None
-        return best[1], best[2], losses, val_scores
+        if val_rows is not None:
+            params, opt_state = best[1], best[2]
+        params, opt_state = jax.device_get((params, opt_state))
+        return params, opt_state, losses, (None if val_rows is None else val_scores)
 
     def _encode(self, y, *, first, classes=None):
         """Label codes (classifier) or float targets (regressor); sets ``classes_``."""
@@ -443,29 +470,28 @@ class _FactorizationMachine(BaseEstimator):
             self._check_representable(y, "y")
             return y
         y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
+        labels, codes = _label_codes(y)  # the few distinct labels, then each row's
         if first and classes is None:
-            labels, codes = np.unique(y, return_inverse=True)  # one sort: labels and codes
             if len(labels) < 2:
                 raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
                                  f"{labels.tolist()}")
             self.classes_ = labels
-            return codes.reshape(-1)
+            return codes
         if first:
-            labels = unique_labels(np.asarray(classes))
-            if len(labels) < 2:
+            labels_all = unique_labels(np.asarray(classes))
+            if len(labels_all) < 2:
                 raise ValueError(f"a classifier needs at least 2 classes, got only one class: "
-                                 f"{labels.tolist()}")
-            self.classes_ = labels
+                                 f"{labels_all.tolist()}")
+            self.classes_ = labels_all
         elif classes is not None and not np.array_equal(unique_labels(np.asarray(classes)),
                                                         self.classes_):
             raise ValueError(f"classes={list(classes)} differ from classes_="
                              f"{self.classes_.tolist()} of the first call")
-        unknown = ~np.isin(y, self.classes_)
+        unknown = ~np.isin(labels, self.classes_)
         if np.any(unknown):
-            raise ValueError(f"y contains labels {np.unique(y[unknown]).tolist()} not in "
+            raise ValueError(f"y contains labels {labels[unknown].tolist()} not in "
                              f"classes_={self.classes_.tolist()}")
-        return np.searchsorted(self.classes_, y)
+        return np.searchsorted(self.classes_, labels)[codes]
 
     @contextlib.contextmanager
     def _restored_on_error(self):
@@ -525,15 +551,17 @@ class _FactorizationMachine(BaseEstimator):
             params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
                                                                     int(fields.max()) + 1)), None
         n_rows = X.shape[0]
-        # drawn epoch by epoch: max_iter orders of n rows need not fit in memory at once
-        orders = (rng.permutation(n_rows) for _ in range(self.max_iter))
+        # drawn epoch by epoch (max_iter orders of n rows need not fit in memory at once),
+        # a few ahead by a worker thread while this one packs and sends the rows
+        orders = prefetched((rng.permutation(n_rows) for _ in range(self.max_iter)),
+                            min(self.max_iter, 4))
         params, opt_state, losses, val_scores = self._train(
-            X, y_codes, weights, orders=orders, n_epochs=self.max_iter, params=params,
-            opt_state=opt_state, eval_data=eval_data, backend=backend, fields=fields)
+            X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
+            eval_data=eval_data, backend=backend, fields=fields)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
-        self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
+        self._opt_state = (self._optimizer_key(), opt_state)
         self.n_iter_ = len(losses)
         # warm_start continues the curves, as scikit-learn's MLP does
         earlier = resume and getattr(self, "loss_curve_", None) is not None
@@ -562,18 +590,20 @@ class _FactorizationMachine(BaseEstimator):
         if first:
             rng = np.random.default_rng(self.random_state)
             params = self._to_internal(self._init_public(rng, X.shape[1], int(fields.max()) + 1))
-            opt_state = None
+            # started here, not in the training program: every chunk then runs the same
+            # program (a fresh and a continued state would be two)
+            opt_state = fm_train.init_state(self._optimizer()[0], params)
             self.n_iter_ = 0
         else:
             self._check_outputs()
             params, opt_state = self._to_internal(self._public()), self._resume_state()
         params, opt_state, losses, _ = self._train(
-            X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), n_epochs=1, params=params,
+            X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), params=params,
             opt_state=opt_state, eval_data=None, backend=backend, fields=fields)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
-        self._opt_state = (self._optimizer_key(), jax.device_get(opt_state))
+        self._opt_state = (self._optimizer_key(), opt_state)
         self.n_iter_ += 1
         self.loss_curve_ = ([] if first else getattr(self, "loss_curve_", [])) + losses
         if first:
@@ -590,7 +620,7 @@ class _FactorizationMachine(BaseEstimator):
         key, state = getattr(self, "_opt_state", (None, None))
         if key != self._optimizer_key():
             return None
-        return jax.tree.map(jnp.asarray, state)
+        return jax.device_put(state)
 
     def _check_resume(self, n_features, fields, fitted_classes):
         # n_features_in_ and classes_ are already reset to the new data here: compare

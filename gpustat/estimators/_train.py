@@ -1,13 +1,14 @@
-"""Device-resident training of FM, FFM and FwFM: one compiled program per epoch.
+"""Device-resident training of FM, FFM and FwFM: one compiled program for all epochs.
 
 Data live on the device in a padded-row (ELL) layout, built there from the
 CSR arrays: row ``r`` holds ``z`` slots of feature index, value and field;
 unused slots have value 0 and index 0 (they add nothing and touch nothing).
 An epoch is one compiled loop (``lax.fori_loop``) over the batches of a
-host-drawn row permutation; several epochs can run in one call (a loop over
-epochs around it). Every row of a batch is scored with the parameters frozen
-at the batch start and the batch gradient is formed sparsely (one contribution
-row per nonzero, summed per feature by
+host-drawn row permutation, inside a loop over epochs; ``fit`` runs the
+layout and all its epochs in one call of one program (:func:`fit_epochs`).
+Every row of a batch is scored with the parameters frozen at the batch start
+and the batch gradient is formed sparsely (one contribution row per nonzero,
+summed per feature by
 :func:`gpustat.pallas.estimators.scatter_add_rows` or its reference). A
 :class:`~gpustat.estimators._optim.RowwiseTransformation` (the built-in optimizers)
 steps the gathered rows of the features the batch touches, parameters and
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -55,9 +57,13 @@ _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 __all__ = [
     "MODELS",
     "DeviceRows",
+    "HostRows",
     "TrainConfig",
     "bucket",
     "decision_scores",
+    "fit_epochs",
+    "host_rows",
+    "init_state",
     "make_optimizer",
     "to_device_rows",
     "touched_rows",
@@ -97,14 +103,64 @@ def bucket(n: int, minimum: int) -> int:
     return -(-n // step) * step
 
 
+class HostRows(NamedTuple):
+    """A CSR matrix padded on the host for its one transfer (:func:`host_rows`).
+
+    Attributes:
+        z: slots per row of the layout built on the device.
+        arrays: ``(indptr, indices, data, field_ids, target, weight)``, numpy;
+            ``data`` is None when every stored value is 1 (one-hot rows: the
+            slot values are rebuilt on the device from the row lengths).
+    """
+
+    z: int
+    arrays: tuple
+
+    @property
+    def n_pad(self) -> int:
+        return self.arrays[0].shape[0] - 1
+
+
+def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
+              weight: np.ndarray, dtype) -> HostRows:
+    """Pad a canonical CSR matrix (no explicit zeros, no duplicates) for its transfer.
+
+    Rows are padded to ``n_pad = bucket(n + 1, 256)`` (at least one padding row)
+    and entries to ``bucket(nnz + 1, 256)``, the field table to ``bucket(p, 16)``
+    (as the parameters; no row refers to the padding); the row layout is ``z``,
+    the next power of two (>= 8) of the longest row. Values, targets and
+    weights are cast to ``dtype`` in the same copy.
+    """
+    n = X.shape[0]
+    z = max(next_pow2(int(np.diff(X.indptr).max()) if n else 1), 8)
+    n_pad = bucket(n + 1, 256)
+    nnz_pad = bucket(X.nnz + 1, 256)
+    # padded entries lie past indptr[n]: rows n..n_pad-1 are empty
+    indptr = np.full(n_pad + 1, X.nnz, np.int32)
+    indptr[: n + 1] = X.indptr
+    indices = np.zeros(nnz_pad, np.int32)
+    indices[: X.nnz] = X.indices
+    data = None
+    if X.nnz and not (X.data.min() == 1 and X.data.max() == 1):
+        data = np.zeros(nnz_pad, dtype)
+        data[: X.nnz] = X.data
+    tgt = np.zeros((n_pad, target.shape[1]), dtype)
+    tgt[:n] = target
+    wgt = np.zeros(n_pad, dtype)
+    wgt[:n] = weight
+    fields = np.zeros(bucket(X.shape[1], 16), np.int32)  # the parameters' feature bucket
+    fields[: X.shape[1]] = field_ids
+    return HostRows(z, (indptr, indices, data, fields, tgt, wgt))
+
+
 def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
                    weight: np.ndarray, dtype) -> DeviceRows:
     """Pack a canonical CSR matrix (no explicit zeros, no duplicates) for the device.
 
     The CSR arrays go to the device as they are (``indptr``, ``indices``,
-    ``data``, padded to a bucketed length) in one transfer with the fields,
-    targets and weights; the padded-row layout and the slot fields are built
-    there (:func:`_ell_layout`). The host only reads the longest row.
+    ``data``, padded to a bucketed length by :func:`host_rows`) in one
+    transfer with the fields, targets and weights; the padded-row layout and
+    the slot fields are built there (:func:`_ell_layout`).
 
     Args:
         X: (n, p) CSR matrix with sorted, duplicate-free indices and no explicit zeros.
@@ -118,40 +174,25 @@ def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
         one padding row) and ``z`` the next power of two (>= 8) of the largest
         row length.
     """
-    n = X.shape[0]
-    z = max(next_pow2(int(np.diff(X.indptr).max()) if n else 1), 8)
-    n_pad = bucket(n + 1, 256)
-    nnz_pad = bucket(X.nnz + 1, 256)
-    # padded entries lie past indptr[n]: rows n..n_pad-1 are empty
-    indptr = np.full(n_pad + 1, X.nnz, np.int32)
-    indptr[: n + 1] = X.indptr
-    indices = np.zeros(nnz_pad, np.int32)
-    indices[: X.nnz] = X.indices
-    data = np.zeros(nnz_pad, dtype)
-    data[: X.nnz] = X.data
-    tgt = np.zeros((n_pad, target.shape[1]), dtype)
-    tgt[:n] = target
-    wgt = np.zeros(n_pad, dtype)
-    wgt[:n] = weight
-    arrays = jax.device_put((indptr, indices, data, np.asarray(field_ids, np.int32), tgt, wgt))
-    return _ell_layout(z, *arrays)
+    rows = host_rows(X, field_ids, target, weight, dtype)
+    return _ell_layout(rows.z, *jax.device_put(rows.arrays))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _ell_layout(z: int, indptr, indices, data, field_ids, target, weight) -> DeviceRows:
-    """CSR (rows padded to n_pad, entries to nnz_pad) -> :class:`DeviceRows` of width z."""
-    n_pad = indptr.shape[0] - 1
-    nnz_pad = indices.shape[0]
-    entry = jnp.arange(nnz_pad, dtype=jnp.int32)
-    # row of each entry: the number of row starts at or before it (empty rows share one)
-    starts = jnp.zeros(nnz_pad + 1, jnp.int32).at[indptr[1:-1]].add(1, mode="drop")
-    rows = jnp.cumsum(starts[:nnz_pad])
-    real = entry < indptr[-1]
-    rows = jnp.where(real, rows, n_pad)  # entries past nnz: dropped
-    slots = entry - indptr[jnp.minimum(rows, n_pad - 1)]
-    idx = jnp.zeros((n_pad, z), jnp.int32).at[rows, slots].set(indices, mode="drop")
-    val = jnp.zeros((n_pad, z), data.dtype).at[rows, slots].set(data, mode="drop")
-    return DeviceRows(idx, val, field_ids[idx], target, weight)
+def _layout(z: int, indptr, indices, data, field_ids, target, weight) -> DeviceRows:
+    """CSR (rows padded to n_pad, entries to nnz_pad) -> :class:`DeviceRows` of width z.
+
+    A gather: slot ``s`` of row ``r`` reads entry ``indptr[r] + s`` when that lies
+    before ``indptr[r + 1]``; ``data`` None means every value is 1.
+    """
+    pos = indptr[:-1, None] + jnp.arange(z, dtype=jnp.int32)[None, :]
+    real = pos < indptr[1:, None]
+    pos = jnp.where(real, pos, 0)
+    idx = jnp.where(real, indices[pos], 0)
+    values = real.astype(target.dtype) if data is None else jnp.where(real, data[pos], 0)
+    return DeviceRows(idx, values, field_ids[idx], target, weight)
+
+
+_ell_layout = jax.jit(_layout, static_argnums=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,9 +522,8 @@ def _batch_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, cou
     return step(cfg, params, opt_state, data, rows, count)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, counts,
-                  n_batches, n_epochs):
+def _epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, counts, n_batches,
+            n_epochs):
     def epoch(e, carry):
         def body(b, carry):
             params, opt_state, losses = carry
@@ -497,10 +537,54 @@ def _train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders,
     return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
+_train_epochs = jax.jit(_epochs, static_argnums=0)
 # the same program with the parameters and state donated: their buffers hold the result
 # (a table near the device's memory has no room for a second copy)
-_train_epochs_donated = jax.jit(_train_epochs.__wrapped__, static_argnums=0,
-                                donate_argnums=(1, 2))
+_train_epochs_donated = jax.jit(_epochs, static_argnums=0, donate_argnums=(1, 2))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _fit_epochs(cfg: TrainConfig, z: int, params, opt_state, csr, orders, counts, n_batches,
+                n_epochs):
+    """:func:`_layout` of the transferred CSR arrays, then the epochs: one program.
+    ``opt_state=None`` starts the transformation's state inside it."""
+    if opt_state is None:
+        opt_state = cfg.tx.init(params)
+    return _epochs(cfg, params, opt_state, _layout(z, *csr), orders, counts, n_batches,
+                   n_epochs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_state(tx: optax.GradientTransformation, params):
+    """``tx.init(params)`` as one compiled program (reused for equal ``tx`` and shapes)."""
+    return tx.init(params)
+
+
+def _epoch_plan(batch_size: int, n_pad: int, orders, dtype):
+    """Device inputs of :func:`_epochs` for the row orders ``orders`` (each of length n).
+
+    Returns ``(orders (e_pad, slots / B, B), counts (slots / B,) in dtype, n_batches,
+    n_epochs)`` on the device.
+    """
+    # a batch larger than the data is one batch of every row (B = n either way): without
+    # the clip each step would score batch_size padding rows (65536 for 1000 rows)
+    bsz = min(batch_size, n_pad)
+    n = len(orders[0])
+    n_batches = -(-n // bsz)
+    slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
+    # epochs padded to a power of two, at least 16 while that stays under 256K slots
+    # (one compile serves max_iter = 1..16 on small data; big data pay no extra
+    # transfer); the last row is padding (weight 0): it fills the tail of the
+    # last batch and the unused epochs
+    small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
+    e_pad = max(next_pow2(len(orders)), small_data_epochs)
+    padded = np.full((e_pad, slots), n_pad - 1, np.int32)
+    for e, order in enumerate(orders):
+        padded[e, :n] = order
+    counts = np.full(slots // bsz, bsz)
+    counts[n_batches - 1] = n - (n_batches - 1) * bsz
+    return jax.device_put((padded.reshape(e_pad, -1, bsz), counts.astype(dtype),
+                           np.int32(n_batches), np.int32(len(orders))))
 
 
 def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, *,
@@ -521,34 +605,13 @@ def train_epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, 
             (they must not be used after the call).
 
     Returns:
-        ``(params, opt_state, losses)``: ``losses`` (len(orders),) is each
-        epoch's weighted loss sum over its rows, taken at each batch's frozen
-        parameters.
+        ``(params, opt_state, losses)``: ``losses`` (e_pad,) holds each epoch's
+        weighted loss sum over its rows (taken at each batch's frozen
+        parameters) in its first ``len(orders)`` entries.
     """
-    n_pad = data.idx.shape[0]
-    # a batch larger than the data is one batch of every row (B = n either way): without
-    # the clip each step would score batch_size padding rows (65536 for 1000 rows)
-    bsz = min(cfg.batch_size, n_pad)
-    n = len(orders[0])
-    n_batches = -(-n // bsz)
-    slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
-    # epochs padded to a power of two, at least 16 while that stays under 256K slots
-    # (one compile serves max_iter = 1..16 on small data; big data pay no extra
-    # transfer); the last row is padding (weight 0): it fills the tail of the
-    # last batch and the unused epochs
-    small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
-    e_pad = max(next_pow2(len(orders)), small_data_epochs)
-    padded = np.full((e_pad, slots), n_pad - 1, np.int32)
-    padded[: len(orders), :n] = np.asarray(orders)
-    counts = np.full(slots // bsz, bsz)
-    counts[n_batches - 1] = n - (n_batches - 1) * bsz
-    dtype = data.val.dtype
+    plan = _epoch_plan(cfg.batch_size, data.idx.shape[0], orders, data.val.dtype)
     run = _train_epochs_donated if donate else _train_epochs
-    params, opt_state, losses = run(
-        cfg, params, opt_state, data, jnp.asarray(padded.reshape(len(padded), -1, bsz)),
-        jnp.asarray(counts, dtype), jnp.asarray(n_batches, jnp.int32),
-        jnp.asarray(len(orders), jnp.int32))
-    return params, opt_state, losses[: len(orders)]
+    return run(cfg, params, opt_state, data, *plan)
 
 
 def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np.ndarray, *,
@@ -558,6 +621,36 @@ def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np
     params, opt_state, losses = train_epochs(cfg, params, opt_state, data, [order],
                                              donate=donate)
     return params, opt_state, losses[0]
+
+
+# row-order slots held per call of the fused program (int32 on the host and the device)
+_ORDER_SLOTS = 1 << 26
+
+
+def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
+    """Transfer ``rows`` once and run an epoch per order the iterator ``orders`` yields.
+
+    Each call of the compiled program builds the row layout from the CSR arrays
+    and runs a power-of-two group of epochs (all of them unless their row orders
+    would pass ``_ORDER_SLOTS``); orders are drawn group by group, never all held
+    at once. ``opt_state=None`` starts the transformation's state in the same
+    program, so a fit whose epochs make one group compiles one program (later
+    groups continue the state: a second variant).
+
+    Returns:
+        ``(params, opt_state, losses)``: ``losses`` a list of ``(sums, count)``,
+        per group the device array of its epochs' weighted loss sums (padded:
+        the first ``count`` are real, in order). Nothing is copied to the host.
+    """
+    csr = jax.device_put(rows.arrays)
+    group = max(1, _ORDER_SLOTS // rows.n_pad)
+    group = next_pow2(group + 1) // 2  # the largest power of two <= group
+    losses = []
+    while chunk := list(itertools.islice(orders, group)):
+        plan = _epoch_plan(cfg.batch_size, rows.n_pad, chunk, rows.arrays[4].dtype)
+        params, opt_state, sums = _fit_epochs(cfg, rows.z, params, opt_state, csr, *plan)
+        losses.append((sums, len(chunk)))
+    return params, opt_state, losses
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

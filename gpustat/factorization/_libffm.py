@@ -41,6 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from gpustat._checks import is_int
+from gpustat._prefetch import prefetched
 
 __all__ = ["dump_libffm", "iter_libffm", "iter_svmlight", "load_libffm", "load_svmlight"]
 
@@ -452,14 +453,19 @@ def _load(parser: _Parser, blocks: Iterator[bytes], dtype) -> tuple[sp.csr_matri
 
 
 def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows: int = 65536,
-                n_features: int | None = None, field_ids=None, dtype=np.float64
-                ) -> Iterator[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]:
+                n_features: int | None = None, field_ids=None, dtype=np.float64,
+                prefetch: int = 1) -> Iterator[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]:
     """Read libffm text in chunks of rows, with memory bounded by the chunk, not the file.
 
     Every chunk has the same width ``p``, so each can go straight to
     ``partial_fit``. Lines are read in 4 MiB blocks; at a time the reader holds
     one block's text and rows, fewer than ``chunk_rows`` rows carried over, and
-    the ``(p,)`` field table.
+    the ``(p,)`` field table, plus the ``prefetch`` chunks read ahead.
+
+    With ``prefetch >= 1`` a worker thread reads and parses the next chunks
+    while the caller works on the current one (``partial_fit`` training on the
+    device): the chunks, their order and the errors are those of the sequential
+    read; an error surfaces at the chunk it belongs to.
 
     Args:
         source: as :func:`load_libffm` (a path, or an iterable of lines).
@@ -469,6 +475,7 @@ def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows
             advance (as ``partial_fit`` needs it from the first chunk on); every
             triple is checked against it.
         dtype: floating dtype of ``X``'s values.
+        prefetch: chunks read ahead in a worker thread (0: read in the caller's thread).
 
     Yields:
         ``(X, y, field_ids)``: ``X`` a ``(chunk, p)`` ``scipy.sparse.csr_matrix``
@@ -478,26 +485,28 @@ def iter_libffm(source: str | os.PathLike | Iterable[str | bytes], *, chunk_rows
 
     Raises:
         ValueError / TypeError: as :func:`load_libffm` (the line named is the
-            file's), a non-positive ``chunk_rows``, no width known, a triple whose
-            field differs from ``field_ids``.
+            file's), a non-positive ``chunk_rows`` or negative ``prefetch``, no width
+            known, a triple whose field differs from ``field_ids``.
     """
-    return _iterate("iter_libffm", source, chunk_rows, n_features, field_ids, dtype, 3)
+    return _iterate("iter_libffm", source, chunk_rows, n_features, field_ids, dtype, 3,
+                    prefetch)
 
 
-def _iterate(op: str, source, chunk_rows, n_features, field_ids, dtype, parts: int
-             ) -> Iterator[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]:
-    """Arguments checked now; then a generator of ``(X, y, field table)`` chunks."""
-    if not is_int(chunk_rows):
-        raise TypeError(f"{op}: chunk_rows must be an integer, got {chunk_rows=}")
-    if chunk_rows < 1:
-        raise ValueError(f"{op}: chunk_rows must be >= 1, got {chunk_rows=}")
+def _iterate(op: str, source, chunk_rows, n_features, field_ids, dtype, parts: int,
+             prefetch: int) -> Iterator[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]:
+    """Arguments checked now; then an iterator of ``(X, y, field table)`` chunks."""
+    for name, value, low in (("chunk_rows", chunk_rows, 1), ("prefetch", prefetch, 0)):
+        if not is_int(value):
+            raise TypeError(f"{op}: {name} must be an integer, got {name}={value!r}")
+        if value < low:
+            raise ValueError(f"{op}: {name} must be >= {low}, got {name}={value!r}")
     parser, blocks = _start(op, source, n_features, field_ids, dtype, parts)
     if parser.n_features is None:
         raise ValueError(f"{op}: n_features is required" + (
             " (the file has no '# gpustat-libffm' header that gives it)" if parts == 3 else ""))
     if not parser.fixed:
         parser._grow(parser.n_features)
-    return _chunks(parser, blocks, chunk_rows)
+    return prefetched(_chunks(parser, blocks, chunk_rows), int(prefetch))
 
 
 def _chunks(parser: _Parser, blocks: Iterator[bytes], chunk_rows: int):
@@ -559,15 +568,17 @@ def load_svmlight(source: str | os.PathLike | Iterable[str | bytes], *,
 
 
 def iter_svmlight(source: str | os.PathLike | Iterable[str | bytes], *,
-                  chunk_rows: int = 65536, n_features: int,
-                  dtype=np.float64) -> Iterator[tuple[sp.csr_matrix, np.ndarray]]:
-    """Read svmlight text in chunks of rows (:func:`iter_libffm` without fields).
+                  chunk_rows: int = 65536, n_features: int, dtype=np.float64,
+                  prefetch: int = 1) -> Iterator[tuple[sp.csr_matrix, np.ndarray]]:
+    """Read svmlight text in chunks of rows (:func:`iter_libffm` without fields; the
+    next ``prefetch`` chunks are read by a worker thread in the same way).
 
     Yields:
         ``(X, y)``: a ``(chunk, p)`` ``scipy.sparse.csr_matrix`` and its ``(chunk,)``
         float64 labels; the last chunk may be shorter.
     """
-    chunks = _iterate("iter_svmlight", source, chunk_rows, n_features, None, dtype, 2)
+    chunks = _iterate("iter_svmlight", source, chunk_rows, n_features, None, dtype, 2,
+                      prefetch)
     return ((X, y) for X, y, _ in chunks)
 
 

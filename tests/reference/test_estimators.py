@@ -135,3 +135,21 @@ def test_binary_softmax_loss_matches_reference_trainer(model):
     params = _oracle_fit(model, "softmax", X, fields, y, 2, kw, random_state=5, init_scale=0.3,
                          label_smoothing=0.1)
     _assert_params_equal(est, params, squeeze=False)
+
+
+@pytest.mark.parametrize("model", ["fm", "ffm", "fwfm"])
+def test_one_hot_rows_and_gapped_integer_labels_match_reference_trainer(model):
+    """All-ones values travel as row lengths only (the device rebuilds them) and
+    int8 labels -3 / 7 are coded by counting: the fit equals the trainer's on 0/1
+    labels and the 0/1 design."""
+    X, fields, y = _data(seed=3)
+    X = (X != 0).astype(np.float64)
+    labels = np.where(y % 2 == 1, 7, -3).astype(np.int8)
+    kw = _settings("adagrad")
+    est = CLASSIFIERS[model](n_factors=K, max_iter=EPOCHS, batch_size=BATCH, init_scale=0.3,
+                             random_state=5, dtype="float64", backend="reference", **kw)
+    est.fit(sp.csr_matrix(X), labels, field_ids=fields)
+    np.testing.assert_array_equal(est.classes_, np.array([-3, 7], np.int8))
+    params = _oracle_fit(model, "logistic", X, fields, (labels == 7).astype(int), 1, kw,
+                         random_state=5, init_scale=0.3)
+    _assert_params_equal(est, params, squeeze=True)
