@@ -37,7 +37,7 @@ from gpustat.reference.mixture import (
 )
 
 __all__ = ["INIT_METHODS", "initialize", "initialize_rows", "initialize_rows_quick",
-           "kmeans_plusplus"]
+           "kmeans_labels", "kmeans_plusplus"]
 
 INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
 # k-means++ seeds are drawn from a weighted sample of at most this many rows (all rows
@@ -67,7 +67,9 @@ def _draw(weights, u):
     """Indices drawn proportional to ``weights`` (s,) >= 0 by inverse CDF at the uniforms u
     (rows of weight 0 are never drawn while any weight is positive)."""
     cdf = jnp.cumsum(weights)
-    return jnp.minimum(jnp.searchsorted(cdf, u * cdf[-1], side="right", method="compare_all"),
+    # a few draws (the seeds' candidates) compare with every entry; many bisect
+    method = "compare_all" if jnp.size(u) <= 64 else "scan"
+    return jnp.minimum(jnp.searchsorted(cdf, u * cdf[-1], side="right", method=method),
                        weights.shape[0] - 1).astype(jnp.int32)
 
 
@@ -169,6 +171,28 @@ def _lloyd(X, w, centres, max_iter: int, tol, present=None):
 
     _, centres, _ = jax.lax.while_loop(cond, body, (0, centres, jnp.array(jnp.inf, X.dtype)))
     return centres
+
+
+def _lloyd_tol(Xc, w):
+    """scikit-learn's KMeans tolerance of the centred rows Xc with weights w: 1e-4 x the
+    mean weighted feature variance."""
+    return _LLOYD_TOL * jnp.mean(jnp.matmul(w, Xc**2, precision=_EXACT) / jnp.sum(w))
+
+
+def kmeans_labels(Xc, centres, max_iter: int):
+    """(n,) labels of Lloyd's k-means on the centred rows Xc (n, p) from ``centres``
+    (m, p) (at most ``max_iter`` steps, scikit-learn's tolerance): each row's nearest
+    final centre."""
+    w = jnp.ones(Xc.shape[0], Xc.dtype)
+    centres = _lloyd(Xc, w, centres, max_iter, _lloyd_tol(Xc, w))
+    present = jnp.ones(centres.shape[0], bool)
+
+    def part(x, wc):
+        return jnp.zeros((), x.dtype), _one_hot_nearest(x, wc, centres, present)[1]
+
+    _, labels = over_row_chunks(part, _rows_per_step(Xc.shape[0], centres.shape[0] + 1),
+                                (Xc, w))
+    return labels.astype(jnp.int32)
 
 
 def _label_stats(X, w, centres, present):
@@ -282,8 +306,7 @@ def _initialize_rows(key, X, w, n_components, active=None, *, covariance_type, r
     total = jnp.sum(w)
     shift = jnp.matmul(w, X, precision=_EXACT) / total
     Xc = X - shift
-    # scikit-learn's KMeans tolerance, from the weighted feature variances
-    tol = _LLOYD_TOL * jnp.mean(jnp.matmul(w, Xc**2, precision=_EXACT) / total)
+    tol = _lloyd_tol(Xc, w)
     keys = jax.random.split(key, n_init)
     init = jax.vmap(lambda k: _initialize_one(k, Xc, w, n_components, covariance_type,
                                               reg_covar, method, kmeans_max_iter, tol,
