@@ -15,9 +15,10 @@ runs once untimed first), beside the peer a user would otherwise call:
   "full"/"diag", 3 folds) on 500 x 2 rows in a new process, cache empty and warm, against
   scikit-learn's estimator under the same search.
 
-Warm-cache and scikit-learn times are medians of three processes; every record carries
-the 1-minute load average (a shared machine slows both sides, scikit-learn's threaded
-k-means most).
+Warm-cache and scikit-learn times are medians of three processes; scikit-learn is also
+timed with ``OMP_NUM_THREADS=1`` (on a loaded machine its OpenMP threads spin: the grid
+search took 2.4-3.3 s on two threads against 0.1 s on one); every record carries the
+1-minute load average.
 """
 
 from __future__ import annotations
@@ -80,13 +81,19 @@ def run(out: Path | None) -> None:
             cold = _in_process_seconds(code, env)
             warm = float(np.median([_in_process_seconds(code, env) for _ in range(3)]))
         no_cache = _in_process_seconds(code)
-        peer = float(np.median([_in_process_seconds(PEER + template.format(est="Est"))
-                                for _ in range(3)]))
+        peer_code = PEER + template.format(est="Est")
+        peer = float(np.median([_in_process_seconds(peer_code) for _ in range(3)]))
+        # its k-means and BLAS threads spin on a loaded machine: also on one thread
+        peer_one = float(np.median([_in_process_seconds(peer_code, {"OMP_NUM_THREADS": "1"})
+                                    for _ in range(3)]))
         rec.record(case, shape=(500, 2), dtype="float64", backend="cpu", timing=None,
                    extra={"gpustat_no_cache_s": no_cache, "gpustat_cache_empty_s": cold,
                           "gpustat_cache_warm_s": warm, "sklearn_s": peer,
                           "ratio_warm_cache_vs_sklearn": warm / peer,
                           "ratio_no_cache_vs_sklearn": no_cache / peer,
+                          "sklearn_one_thread_s": peer_one,
+                          "ratio_warm_cache_vs_sklearn_one_thread": warm / peer_one,
+                          "ratio_no_cache_vs_sklearn_one_thread": no_cache / peer_one,
                           "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0]})
 
 
