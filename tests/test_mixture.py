@@ -409,6 +409,37 @@ def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(covariance_
     assert count_compiles(lambda: run(X[::-1] * 1.5 + 1.0)) == 0
 
 
+def test_folds_of_nearby_sizes_share_compiled_programs():
+    """Rows are padded to a bucket (four sizes per octave) with weight 0: a fit on 106
+    rows after one on 100, and inference on 53 rows after 50 (as cross-validation folds),
+    by a new estimator with the same settings, compile nothing; the padding changes no
+    result (the labels and scores of the rows given, against a fit on the rows alone
+    computed by scikit-learn from the fitted parameters)."""
+    rng = np.random.default_rng(5)
+    X = np.concatenate([rng.normal(size=(80, 2)), rng.normal(size=(80, 2)) + 4.0])
+    rng.shuffle(X)
+
+    def run(train, test):
+        gm = gpustat.GaussianMixture(2, random_state=0, backend="reference").fit(train)
+        return gm, gm.predict(test), gm.score_samples(test), gm.score(test)
+
+    assert count_compiles(lambda: run(X[:100], X[100:150])) > 0
+    assert count_compiles(lambda: run(X[:106], X[106:159])) == 0
+    gm, labels, scores, _ = run(X[:106], X[106:159])
+    assert labels.shape == (53,) and scores.shape == (53,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter=1 does not converge
+        sk = SklearnGaussianMixture(2, weights_init=gm.weights_, means_init=gm.means_,
+                                    precisions_init=gm.precisions_, max_iter=1).fit(X[:106])
+    # a fixed point of scikit-learn's EM on the 106 rows (six zero rows counted would
+    # pull a mean by ~0.4)
+    np.testing.assert_allclose(sk.means_, gm.means_, atol=1e-2)
+    sk.weights_, sk.means_ = gm.weights_, gm.means_
+    sk.precisions_cholesky_ = gm.precisions_cholesky_
+    np.testing.assert_allclose(scores, sk.score_samples(X[106:159]), rtol=1e-10)
+    np.testing.assert_array_equal(labels, sk.predict(X[106:159]))
+
+
 def test_functional_ops_called_again_compile_nothing():
     X, params = jnp.ones((7, 2)), mixture.MixtureParams.from_covariances(
         jnp.array([0.4, 0.6]), jnp.array([[0.0, 0.0], [1.0, 1.0]]), jnp.stack([jnp.eye(2)] * 2))

@@ -51,7 +51,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from gpustat._checks import is_int
 from gpustat.mixture._em import _report_iteration
 from gpustat.mixture._estimator import _is_real, check_settings, mixture_settings, sample_mixture
-from gpustat.mixture._initialize import _label_stats, _lloyd, kmeans_plusplus
+from gpustat.mixture._initialize import kmeans_labels, kmeans_plusplus
 from gpustat.mixture._mstep import _mle_covariances
 from gpustat.mixture._ops import (
     dispatch_suff_stats,
@@ -68,6 +68,7 @@ from gpustat.reference.mixture import (
     full_precision_cholesky,
     log_det_precision_cholesky,
     precisions_cholesky_from_covariances,
+    suff_stats_from_labels,
     suff_stats_from_responsibilities,
 )
 
@@ -299,15 +300,15 @@ def _initial_stats(key, seeds, Xc, n_components: int, method: str) -> SuffStats:
     labels of Lloyd's k-means from k-means++ seeds ("kmeans"), or uniform random rows
     normalised to one ("random")."""
     labels = jnp.arange(n_components)
-    origin = jnp.zeros((n_components, Xc.shape[1]), Xc.dtype)  # raw moments: about 0
     if method == "random_from_data":
-        return _label_stats(Xc[seeds], labels, origin)
+        return suff_stats_from_labels(Xc[seeds], labels, n_components)
     if method == "k-means++":
-        return _label_stats(Xc[kmeans_plusplus(key, Xc, n_components)], labels, origin)
+        return suff_stats_from_labels(Xc[kmeans_plusplus(key, Xc, n_components)], labels,
+                                      n_components)
     if method == "kmeans":
         centres = Xc[kmeans_plusplus(key, Xc, n_components)]
-        labels, _ = _lloyd(Xc, centres, _KMEANS_MAX_ITER)
-        return _label_stats(Xc, labels, origin)
+        return suff_stats_from_labels(Xc, kmeans_labels(Xc, centres, _KMEANS_MAX_ITER),
+                                      n_components)
     resp = jax.random.uniform(key, (Xc.shape[0], n_components), dtype=Xc.dtype)
     return suff_stats_from_responsibilities(Xc, resp / jnp.sum(resp, axis=1, keepdims=True))
 

@@ -45,6 +45,7 @@ from gpustat.mixture._validation import (
 from gpustat.reference.mixture import MixtureParams, SuffStats
 
 __all__ = [
+    "QUICK_COMPILE",
     "STATUS_ILL_DEFINED_COVARIANCE",
     "STATUS_OK",
     "EMResult",
@@ -117,8 +118,9 @@ def _is_finite(params: MixtureParams):
 
 
 def _report_iteration(restart, n_iter, lower_bound, change, *, every: int) -> None:
-    """Host callback of :func:`fit_em`'s ``report_every``: one line per restart."""
-    if int(n_iter) % every == 0:
+    """Host callback of :func:`fit_em`'s ``report_every``: one line per restart (none for
+    ``n_iter < 0``, a step repeated about new pivots)."""
+    if int(n_iter) > 0 and int(n_iter) % every == 0:
         print(f"  Iteration {int(n_iter)} (restart {int(restart)})\t lower bound "
               f"{float(lower_bound):.5f}\t ll change {float(change):.5f}", flush=True)
 
@@ -134,70 +136,62 @@ def _far_from_pivot(new: MixtureParams, pivot):
     return ~_is_finite(new) | jnp.any(~(moved <= spread))
 
 
-def _centred_em_step(Xc, w, params: MixtureParams, *, path, precision, axis_name=None,
-                     **m_step_kwargs):
-    """One EM iteration on statistics centred per component: (statistics, new parameters).
-
-    The statistics are taken about the current means (one fused pass; the Triton E-step
-    sums them about the origin of the centred data); where a component's new mean lands
-    farther than its spread from that pivot, or a parameter is not finite, the pass is
-    repeated about the new means (same responsibilities), so covariances keep their small
-    eigenvalues wherever the components sit. A ``while_loop`` of at most one trip: under
-    ``vmap`` (restarts) it runs only when some restart needs it. With ``axis_name`` (inside
-    ``shard_map``) each device holds a block of rows and the statistics are summed over
-    the axis, so every device takes the same branch.
-    """
-    def step(pivot):
-        stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision,
-                                                pivot=pivot)
-        if axis_name is not None:
-            stats = jax.lax.psum(stats, axis_name)
-        return stats, m_step(stats, covariance_type=params.covariance_type, pivot=pivot,
-                             **m_step_kwargs)
-
-    if path == "triton":  # its GEMM sums raw moments: m_step's collapse floor applies
-        return step(None)
-    stats, new = step(params.means)
-
-    def again(carry):
-        new = carry[0]
-        pivot = jnp.where(jnp.isfinite(new.means), new.means, params.means)
-        return step(pivot)[1], jnp.bool_(False)
-
-    new, _ = jax.lax.while_loop(lambda c: c[1], again,
-                                (new, _far_from_pivot(new, params.means)))
-    return stats, new
-
-
 def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_iter, reg_covar,
              weight_prior, component_prior, path, precision, report_every, axis_name=None):
     """The EM ``while_loop`` on centred rows ``Xc``; ``axis_name``: rows split over that
-    ``shard_map`` axis (statistics summed over it)."""
+    ``shard_map`` axis (statistics summed over it, so every device takes the same branch).
+
+    Each trip is one fused :func:`suff_stats` pass about a pivot per component (the
+    current means; the Triton E-step sums about the origin of the centred data) and the
+    M-step. Where a component's new mean lands farther than its spread from that pivot,
+    or a parameter is not finite, the trip is not counted and the next one repeats the
+    step about the new means (same parameters, same responsibilities), so covariances
+    keep their small eigenvalues wherever the components sit; a repeated step is
+    accepted as it comes. One E-step and one M-step in the program, whichever trip runs.
+    A component whose weight is 0 keeps weight 0.
+    """
     dtype = Xc.dtype
+    m_step_kwargs = dict(reg_covar=reg_covar, weight_prior=weight_prior,
+                         component_prior=component_prior)
+    pivoted = path != "triton"  # its GEMM sums raw moments: m_step's collapse floor applies
 
     def cond(state):
-        _, _, n_iter, converged, status, _ = state
+        _, _, n_iter, converged, status, _, _, _ = state
         return (n_iter < max_iter) & ~converged & (status == STATUS_OK)
 
     def body(state):
-        params, lb, n_iter, _, _, trace = state
-        stats, new = _centred_em_step(Xc, w, params, path=path, precision=precision,
-                                     axis_name=axis_name, reg_covar=reg_covar,
-                                     weight_prior=weight_prior,
-                                     component_prior=component_prior)
+        params, lb, n_iter, _, status, trace, pivot, repeat = state
+        pivot_arg = pivot if pivoted else None
+        stats = mixture_ops.dispatch_suff_stats(Xc, params, w, path=path, precision=precision,
+                                                pivot=pivot_arg)
+        if axis_name is not None:
+            stats = jax.lax.psum(stats, axis_name)
+        new = m_step(stats, covariance_type=params.covariance_type, pivot=pivot_arg,
+                     **m_step_kwargs)
+        # a component of weight 0 has no responsibility and keeps weight 0 (the
+        # estimator's absent components, padding its count up to a shared program's)
+        alive = jnp.where(params.weights > 0, new.weights, 0)
+        new = dataclasses.replace(new, weights=alive / jnp.sum(alive))
+        again = (~repeat & _far_from_pivot(new, params.means)) if pivoted else jnp.bool_(False)
         new_lb = stats.loglik / total_w
         ok = _is_finite(new)
-        params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, params)
-        converged = ok & (jnp.abs(new_lb - lb) < tol)
-        status = jnp.where(ok, STATUS_OK, STATUS_ILL_DEFINED_COVARIANCE).astype(jnp.int32)
+        accept = ~again & ok
         if report_every:
             jax.debug.callback(functools.partial(_report_iteration, every=report_every),
-                               restart, n_iter + 1, new_lb, new_lb - lb)
-        return params, new_lb, n_iter + 1, converged, status, trace.at[n_iter].set(new_lb)
+                               restart, jnp.where(again, -1, n_iter + 1), new_lb, new_lb - lb)
+        done = ~again
+        kept = jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, params)
+        next_pivot = jnp.where(again, jnp.where(jnp.isfinite(new.means), new.means,
+                                                params.means), kept.means)
+        return (kept, jnp.where(done, new_lb, lb), n_iter + done.astype(jnp.int32),
+                done & ok & (jnp.abs(new_lb - lb) < tol),
+                jnp.where(done & ~ok, STATUS_ILL_DEFINED_COVARIANCE, status).astype(jnp.int32),
+                jnp.where(done, trace.at[n_iter].set(new_lb), trace), next_pivot, again)
 
     state = (init, jnp.asarray(initial_lower_bound, dtype), jnp.int32(0), jnp.bool_(False),
-             jnp.int32(STATUS_OK), jnp.full((max(max_iter, 1),), jnp.nan, dtype))
-    params, lb, n_iter, converged, status, trace = jax.lax.while_loop(cond, body, state)
+             jnp.int32(STATUS_OK), jnp.full((max(max_iter, 1),), jnp.nan, dtype), init.means,
+             jnp.bool_(False))
+    params, lb, n_iter, converged, status, trace, _, _ = jax.lax.while_loop(cond, body, state)
     return params, lb, n_iter, converged, status, trace[:max_iter]
 
 
@@ -214,7 +208,8 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         X: (n, p) data, float32 or float64 (16-bit computes in float32).
         init: initial :class:`MixtureParams`; a leading (r,) axis on every array runs r
             restarts batched (e.g. from :func:`gpustat.mixture.initialize`); the restart
-            with the largest final lower bound is returned.
+            with the largest final lower bound is returned. A component of initial
+            weight 0 takes no part (it keeps weight 0).
         sample_weight: optional (n,) non-negative row weights.
         tol: stop when the mean log-likelihood changes by less than tol.
         max_iter: maximum number of iterations (0 returns ``init``).
@@ -237,7 +232,7 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         X, init, sample_weight=sample_weight, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
         weight_prior=weight_prior, component_prior=component_prior, backend=backend,
         precision=precision, report_every=report_every)
-    return _fit_em_jit(X, w, init, jnp.asarray(initial_lower_bound, X.dtype), **settings)
+    return fit_em_rows_jit(X, w, init, jnp.asarray(initial_lower_bound, X.dtype), **settings)
 
 
 def check_em_arguments(X, init, *, sample_weight, tol, max_iter, reg_covar, weight_prior,
@@ -311,8 +306,14 @@ def fit_em_rows(X, w, init, initial_lower_bound, *, tol, max_iter, reg_covar, we
                     converged[best], jnp.min(status), lb)
 
 
-_fit_em_jit = jax.jit(fit_em_rows, static_argnames=(
-    "tol", "max_iter", "reg_covar", "path", "precision", "report_every", "axis_name"))
+_FIT_EM_STATIC = ("tol", "max_iter", "reg_covar", "path", "precision", "report_every",
+                  "axis_name")
+fit_em_rows_jit = jax.jit(fit_em_rows, static_argnames=_FIT_EM_STATIC)
+# XLA options for a program whose run is short next to its compilation (small data on a
+# CPU): without LLVM's optimisation passes it compiles about a third faster
+QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+fit_em_rows_quick_jit = jax.jit(fit_em_rows, static_argnames=_FIT_EM_STATIC,
+                                compiler_options=QUICK_COMPILE)
 
 
 def fit_bem(X: Float[Array, "n p"], init: MixtureParams, *, alpha: float = 1.0,

@@ -26,17 +26,19 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import _check_feature_names, check_array, check_is_fitted
 
+from gpustat._arrays import next_pow2, row_bucket
 from gpustat._checks import is_int
 from gpustat.mixture._em import (
     STATUS_OK,
-    fit_em,
+    fit_em_rows_jit,
+    fit_em_rows_quick_jit,
     online_em_init,
     online_em_step,
     online_params,
 )
-from gpustat.mixture._initialize import INIT_METHODS, initialize
+from gpustat.mixture._initialize import INIT_METHODS, initialize_rows, initialize_rows_quick
 from gpustat.mixture._mstep import m_step
-from gpustat.mixture._ops import log_prob, mvn_logpdf, suff_stats
+from gpustat.mixture._ops import log_prob, mvn_logpdf, resolve_mixture_backend, suff_stats
 from gpustat.mixture._validation import (
     PRECISION_CHOICES,
     check_data,
@@ -46,6 +48,9 @@ from gpustat.mixture._validation import (
 from gpustat.reference.mixture import COVARIANCE_TYPES, MixtureParams
 
 __all__ = ["ConvergenceWarning", "GaussianMixture"]
+
+# padded rows x p^2 x components up to which a CPU fit compiles its programs quickly
+_QUICK_COMPILE_SIZE = 1 << 22
 
 _COLLAPSE_MESSAGE = (
     "Fitting the mixture model failed because some components have ill-defined empirical "
@@ -86,6 +91,29 @@ def _collapse_message(X, params: MixtureParams, reg_covar: float, settings: dict
             f"{float(smallest):.3g}, and reg_covar={reg_covar!r} does not lift it above 0 "
             f"in {X.dtype} (its rows lie on a lower-dimensional set, e.g. one repeated "
             f"point). Increase reg_covar or decrease n_components.")
+
+
+def _first_components(params: MixtureParams, k: int) -> MixtureParams:
+    """The first k components of ``params`` (the others have weight 0), cut on the host
+    (an eager slice would compile a program per k)."""
+    if params.n_components == k:
+        return params
+    tied = params.covariance_type == "tied"
+    cut = lambda a: jnp.asarray(np.asarray(a)[:k])  # noqa: E731
+    return MixtureParams(cut(params.weights), cut(params.means),
+                         params.covariances if tied else cut(params.covariances),
+                         params.precisions_cholesky if tied else cut(params.precisions_cholesky),
+                         params.covariance_type)
+
+
+@jax.jit
+def _most_probable(log_dens, weights):
+    return jnp.argmax(log_dens + jnp.log(weights), axis=1)
+
+
+@jax.jit
+def _posterior_probabilities(log_dens, weights):
+    return jax.nn.softmax(log_dens + jnp.log(weights), axis=1)
 
 
 def _is_real(value) -> bool:
@@ -227,7 +255,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             return jax.random.key(int(self.random_state))
         return jax.random.key(int(check_random_state(self.random_state).randint(2**31 - 1)))
 
-    def _check_X(self, X, *, fitting: bool) -> jax.Array:
+    def _check_X(self, X, *, fitting: bool, pad: bool = True) -> tuple[jax.Array, int]:
+        """(X checked, with its rows padded by zero rows to :func:`row_bucket` when ``pad``,
+        the number of rows given): rows of nearby counts (cross-validation folds) share
+        the compiled programs; the padding rows get weight 0 in a fit and are cut from
+        every per-row result."""
         # scikit-learn's feature names (set by a fit, checked after it), its checks and
         # messages (sparse, complex, object, 1-D, empty input), then gpustat's dtype rules
         # and finiteness check
@@ -239,18 +271,21 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                           "in float32. Enable it (jax.config.update('jax_enable_x64', True)) "
                           "to compute in float64, or pass float32 X to silence this.",
                           UserWarning, stacklevel=3)
+        n = X.shape[0]
+        if pad and row_bucket(n) > n:
+            X = np.concatenate([X, np.zeros((row_bucket(n) - n, X.shape[1]), X.dtype)])
         X = check_data(integers_as_float(X))
         if fitting:
-            if X.shape[0] < self.n_components:
+            if n < self.n_components:
                 raise ValueError(f"Expected n_samples >= n_components but got n_components = "
-                                 f"{self.n_components}, n_samples = {X.shape[0]}")
+                                 f"{self.n_components}, n_samples = {n}")
         else:
             if X.shape[1] != self.n_features_in_:
                 raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture is "
                                  f"expecting {self.n_features_in_} features as input")
             # a narrower X is cast up to the fitted parameters' dtype, never the reverse
             X = X.astype(jnp.promote_types(X.dtype, self.params_.means.dtype))
-        return X
+        return X, n
 
     def _user_inits(self, p: int, dtype):
         k = int(self.n_components)
@@ -290,7 +325,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def _initial_params(self, X, key, n_init: int) -> MixtureParams:
+    def _initial_params(self, X, w, key, n_init: int, n_slots: int | None = None,
+                        quick: bool = False) -> MixtureParams:
+        """Initial parameters (leading (n_init,) axis) from the rows X with weights w;
+        with ``n_slots`` > m (no user inits) the components m..n_slots-1 are absent
+        (weight 0), so that every m up to n_slots runs one program."""
         p = X.shape[1]
         weights, means, precisions = self._user_inits(p, X.dtype)
         batch = lambda a: jnp.broadcast_to(a, (n_init, *a.shape))  # noqa: E731
@@ -298,12 +337,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             user = MixtureParams.from_precisions(weights, means, precisions,
                                                  self.covariance_type)
             return jax.tree.map(batch, user)
-        shift = jnp.mean(X, axis=0)
-        init = initialize(key, X - shift, int(self.n_components),
-                          covariance_type=self.covariance_type, reg_covar=self.reg_covar,
-                          method=self.init_params, n_init=n_init)
-        init = MixtureParams(init.weights, init.means + shift, init.covariances,
-                             init.precisions_cholesky, init.covariance_type)
+        program = initialize_rows_quick if quick else initialize_rows
+        init = program(key, X, w, n_slots or int(self.n_components),
+                               jnp.asarray(int(self.n_components), jnp.int32),
+                               covariance_type=self.covariance_type,
+                               reg_covar=float(self.reg_covar), method=self.init_params,
+                               n_init=n_init)
         if weights is None and means is None and precisions is None:
             return init
         weights = init.weights if weights is None else batch(weights)
@@ -316,8 +355,22 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return MixtureParams(weights, means, batch(user.covariances),
                              batch(user.precisions_cholesky), self.covariance_type)
 
-    def _set_fitted(self, params: MixtureParams) -> None:
+    def _slots(self, path: str, n_rows: int) -> int | None:
+        """Components to fit with on the reference path (CPU, where compilation dominates
+        small fits): m padded up to 4, 8, or a size of :func:`row_bucket`, at most the
+        rows (padded), with no user inits; None elsewhere (the kernels fit m)."""
+        k = int(self.n_components)
+        if path != "reference" or any(v is not None for v in (
+                self.weights_init, self.means_init, self.precisions_init)):
+            return None
+        return min(max(4, next_pow2(k)) if k <= 8 else row_bucket(k), n_rows)
+
+    def _set_fitted(self, params: MixtureParams, slots: MixtureParams | None = None) -> None:
+        """Set the attributes from ``params``; ``slots``: the same fit with absent
+        components (weight 0) after them, which the density methods run on (one program
+        for every m up to its size)."""
         self.params_ = params
+        self._slot_params = params if slots is None else slots
         self.weights_ = np.asarray(params.weights)
         self.means_ = np.asarray(params.means)
         self.covariances_ = np.asarray(params.covariances)
@@ -356,23 +409,33 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """Fit, then return the (n,) most probable component of every row."""
         del y
         self._check_settings()
-        X = self._check_X(X, fitting=True)
+        X, n = self._check_X(X, fitting=True)
+        w = jnp.asarray(np.arange(X.shape[0]) < n, X.dtype)  # padding rows: weight 0
+        path = resolve_mixture_backend(self.backend, X.shape[1], "fit_em", self.precision)
+        slots = self._slots(path, X.shape[0])
+        # small data on a CPU: compiling dominates, so the programs skip LLVM's passes
+        quick = (X.devices().pop().platform == "cpu"
+                 and X.shape[0] * X.shape[1] ** 2 * (slots or int(self.n_components))
+                 <= _QUICK_COMPILE_SIZE)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         if do_init:
-            init = self._initial_params(X, self._key(), int(self.n_init))
+            init = self._initial_params(X, w, self._key(), int(self.n_init), slots, quick)
             start_bound = -math.inf
         else:
-            init, start_bound = self.params_, self.lower_bound_
+            init, start_bound = self._slot_params, self.lower_bound_
         init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
-        result = fit_em(X, init, tol=self.tol, max_iter=int(self.max_iter),
-                        reg_covar=self.reg_covar, initial_lower_bound=start_bound,
-                        backend=self.backend, precision=self.precision,
-                        report_every=int(self.verbose_interval) if self.verbose else 0)
+        # the settings were checked by _check_settings, the inits by _user_inits
+        result = (fit_em_rows_quick_jit if quick else fit_em_rows_jit)(
+            X, w, init, jnp.asarray(start_bound, X.dtype), tol=float(self.tol),
+            max_iter=int(self.max_iter), reg_covar=float(self.reg_covar), weight_prior=None,
+            component_prior=None, precision=self.precision, path=path,
+            report_every=int(self.verbose_interval) if self.verbose else 0)
         if int(result.status) != STATUS_OK:
-            raise ValueError(_collapse_message(X, result.params, self.reg_covar,
+            raise ValueError(_collapse_message(X[:n], result.params, self.reg_covar,
                                                self._density_settings()))
         self.n_features_in_ = X.shape[1]
-        self._set_fitted(result.params)
+        self._set_fitted(_first_components(result.params, int(self.n_components)),
+                         result.params)
         self.__dict__.pop("_online_state", None)  # partial_fit restarts from these params
         self.converged_ = bool(result.converged)
         self.n_iter_ = int(result.n_iter)
@@ -385,7 +448,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             warnings.warn("Best performing initialization did not converge. Try different "
                           "init parameters, or increase max_iter, tol, or check for "
                           "degenerate data.", ConvergenceWarning, stacklevel=2)
-        return self.predict(X)
+        return self._labels(X)[:n]
 
     def partial_fit(self, X, y=None) -> GaussianMixture:
         """One step of streaming (mini-batch) EM on the batch X (b, p).
@@ -405,7 +468,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         del y
         self._check_settings()
         starting = not hasattr(self, "_online_state")
-        X = self._check_X(X, fitting=starting and not hasattr(self, "params_"))
+        X, _ = self._check_X(X, fitting=starting and not hasattr(self, "params_"), pad=False)
         if starting:
             self._online_state = self._start_stream(X)
         stream_dtype = self._online_state.params.means.dtype
@@ -430,7 +493,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         batch X."""
         if hasattr(self, "params_"):
             return online_em_init(X, self.params_)
-        init = jax.tree.map(lambda a: a[0], self._initial_params(X, self._key(), 1))
+        init = jax.tree.map(lambda a: a[0], self._initial_params(
+            X, jnp.ones(X.shape[0], X.dtype), self._key(), 1))
         self.n_features_in_ = X.shape[1]
         return online_em_init(X, init)
 
@@ -447,15 +511,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return {"backend": "auto" if self.backend == "triton" else self.backend,
                 "precision": "highest"}
 
-    def _weighted_log_prob(self, X):
-        log_dens = mvn_logpdf(X, self.params_, **self._density_settings())
-        return log_dens + jnp.log(self.params_.weights)
+    def _labels(self, X) -> np.ndarray:
+        log_dens = mvn_logpdf(X, self._slot_params, **self._density_settings())
+        return np.asarray(_most_probable(log_dens, self._slot_params.weights))
 
     def score_samples(self, X) -> np.ndarray:
         """(n,) log-likelihood log p(x_i) of every row."""
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
-        return np.asarray(log_prob(X, self.params_, **self._density_settings()))
+        X, n = self._check_X(X, fitting=False)
+        return np.asarray(log_prob(X, self._slot_params, **self._density_settings()))[:n]
 
     def score(self, X, y=None) -> float:
         """Mean log-likelihood of the rows of X (n, p)."""
@@ -465,14 +529,16 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     def predict(self, X) -> np.ndarray:
         """(n,) index of the most probable component of every row."""
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
-        return np.asarray(jnp.argmax(self._weighted_log_prob(X), axis=1))
+        X, n = self._check_X(X, fitting=False)
+        return self._labels(X)[:n]
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, m) responsibilities of every row."""
         self._check_fitted()
-        X = self._check_X(X, fitting=False)
-        return np.asarray(jax.nn.softmax(self._weighted_log_prob(X), axis=1))
+        X, n = self._check_X(X, fitting=False)
+        log_dens = mvn_logpdf(X, self._slot_params, **self._density_settings())
+        proba = _posterior_probabilities(log_dens, self._slot_params.weights)
+        return np.asarray(proba)[:n, :int(self.params_.n_components)]
 
     def sample(self, n_samples: int = 1):
         """Draw (X (n_samples, p) float64, labels (n_samples,)) from the fitted mixture.

@@ -1,26 +1,34 @@
 """Initial mixture parameters, computed on the device (scikit-learn's ``init_params`` choices).
 
-* ``"k-means++"``: D^2 seeding (Arthur and Vassilvitskii 2007); each seed is a
-  one-point component: weight 1/m, covariance reg_covar I (scikit-learn's one-hot
-  responsibilities give the same up to roundoff, except "tied", where scikit-learn
-  adds the scatter of all rows).
-* ``"kmeans"``: Lloyd iterations from k-means++ seeds, then hard-label statistics.
+* ``"k-means++"``: greedy D^2 seeding (Arthur and Vassilvitskii 2007, with
+  scikit-learn's 2 + log m candidates per seed) over the rows, or over a weighted sample of
+  2^15 rows when there are more; each seed is a one-point component: weight 1/m,
+  covariance reg_covar I (scikit-learn's one-hot responsibilities give the same up to
+  roundoff, except "tied", where scikit-learn adds the scatter of all rows).
+* ``"kmeans"``: Lloyd iterations from k-means++ seeds until the centres move less than
+  scikit-learn's ``KMeans`` tolerance, one fused pass (distance GEMM, argmin, one-hot
+  GEMM sums) per iteration inside one ``while_loop``, then hard-label statistics.
 * ``"random"``: uniform random responsibilities (holds an n x m matrix).
 * ``"random_from_data"``: m distinct random rows as one-point components (as above).
 
-Restarts are batched: ``n_init`` keys give parameters with a leading (n_init,) axis.
+Row weights (``sample_weight``) let padding rows of weight 0 take no part, so that data
+of nearby sizes padded to one bucket share one program. Restarts are batched: ``n_init``
+keys give parameters with a leading (n_init,) axis.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
+from gpustat._arrays import over_row_chunks, row_weights
 from gpustat._checks import check_int, check_real
+from gpustat.mixture._em import QUICK_COMPILE
 from gpustat.mixture._mstep import m_step
-from gpustat.mixture._validation import check_data
+from gpustat.mixture._validation import check_data, check_sample_weight
 from gpustat.reference.mixture import (
     COVARIANCE_TYPES,
     MixtureParams,
@@ -28,12 +36,19 @@ from gpustat.reference.mixture import (
     suff_stats_from_responsibilities,
 )
 
-__all__ = ["INIT_METHODS", "initialize", "kmeans_plusplus"]
+__all__ = ["INIT_METHODS", "initialize", "initialize_rows", "initialize_rows_quick",
+           "kmeans_labels", "kmeans_plusplus"]
 
 INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
-# rows per step of the k-means passes: each step holds (chunk, m) distances; steps run in
-# sequence, so a chunk large enough to fill a GPU keeps a Lloyd iteration to a few steps
-_ROW_CHUNK = 1 << 16
+# k-means++ seeds are drawn from a weighted sample of at most this many rows (all rows
+# when there are fewer): each seed then costs O(rows p) whatever n is
+_SEED_ROWS = 1 << 15
+# elements of the (rows, width) temporaries of one step of the k-means passes; steps run
+# in sequence, so a step large enough to fill a GPU keeps a pass to a few steps
+_CHUNK_ELEMENTS = 1 << 24
+# scikit-learn's KMeans tolerance: Lloyd stops when the centres' total squared shift is
+# at most this times the mean feature variance
+_LLOYD_TOL = 1e-4
 
 
 # XLA runs float32 matmuls as TF32 on NVIDIA GPUs unless told otherwise.
@@ -48,87 +63,155 @@ def _check_components(n_components, X) -> int:
     return n_components
 
 
-def kmeans_plusplus(key, X, n_components: int):
-    """(m,) row indices of k-means++ seeds (first uniform, then proportional to D^2);
-    m <= n (more seeds than rows would repeat rows)."""
-    n_components = _check_components(n_components, X)
-    n = X.shape[0]
-    keys = jax.random.split(key, n_components)
-    first = jax.random.randint(keys[0], (), 0, n, dtype=jnp.int32)
-    dist = jnp.sum((X - X[first]) ** 2, axis=1)
+def _draw(weights, u):
+    """Indices drawn proportional to ``weights`` (s,) >= 0 by inverse CDF at the uniforms u
+    (rows of weight 0 are never drawn while any weight is positive)."""
+    cdf = jnp.cumsum(weights)
+    # a few draws (the seeds' candidates) compare with every entry; many bisect
+    method = "compare_all" if jnp.size(u) <= 64 else "scan"
+    return jnp.minimum(jnp.searchsorted(cdf, u * cdf[-1], side="right", method=method),
+                       weights.shape[0] - 1).astype(jnp.int32)
+
+
+def _greedy_seeds(key, S, ws, n_components: int, active=None):
+    """(m,) row indices into S (s, p) with weights ws (s,): greedy k-means++ (scikit-learn's
+    ``kmeans_plusplus``): the first row drawn by weight, every later one the best of
+    2 + floor(log m) candidates drawn by weight x D^2 (the one that lowers the weighted
+    potential sum_i w_i D_i^2 most). Rows of weight 0 are never drawn. One uniform draw
+    for all seeds; the candidates by inverse CDF. ``active`` (traced): seed only the first
+    ``active`` (the others stay row 0)."""
+    trials = 2 + int(math.log(n_components))
+    u = jax.random.uniform(key, (n_components, trials), S.dtype)
+    first = _draw(ws, u[0, 0])
+    closest = jnp.sum((S - S[first]) ** 2, axis=1)
     indices = jnp.zeros((n_components,), jnp.int32).at[0].set(first)
 
     def body(j, carry):
-        indices, dist = carry
-        # rows already chosen have D^2 = 0 and are never drawn again (unless all are 0)
-        logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1)), -jnp.inf)
-        logits = jnp.where(jnp.any(dist > 0), logits, 0.0)
-        idx = jax.random.categorical(keys[j], logits).astype(jnp.int32)
-        dist = jnp.minimum(dist, jnp.sum((X - X[idx]) ** 2, axis=1))
-        return indices.at[j].set(idx), dist
+        indices, closest = carry
+        potential = ws * closest
+        # chosen rows have D^2 = 0 and are not drawn again, unless every row is (fewer
+        # distinct rows than seeds): then by weight
+        candidates = _draw(jnp.where(jnp.any(potential > 0), potential, ws), u[j])
+        dist = jnp.sum((S[:, None, :] - S[candidates][None]) ** 2, axis=-1)  # (s, trials)
+        dist = jnp.minimum(closest[:, None], dist)
+        best = jnp.argmin(jnp.matmul(ws, dist, precision=_EXACT))
+        return indices.at[j].set(candidates[best]), dist[:, best]
 
-    indices, _ = jax.lax.fori_loop(1, n_components, body, (indices, dist))
+    stop = n_components if active is None else active
+    indices, _ = jax.lax.fori_loop(1, stop, body, (indices, closest))
     return indices
 
 
-def _nearest_centre(X, centres):
-    """(n,) index of the nearest centre, in row chunks (no n x m matrix at once)."""
-    sq = jnp.sum(centres**2, axis=1)
-
-    def row(x):
-        return jnp.argmin(sq - 2 * jnp.matmul(centres, x, precision=_EXACT)).astype(jnp.int32)
-
-    return jax.lax.map(row, X, batch_size=min(_ROW_CHUNK, X.shape[0]))
-
-
-def _label_sums(X, labels, n_components):
-    """(counts (m,), row sums (m, p)) of each label by one-hot products over row chunks
-    (memory O(chunk m), no n x m matrix), added in a fixed order: reproducible bit for bit,
-    where XLA's scatter-add (``segment_sum``) adds in no fixed order on a GPU."""
-    chunk = min(_ROW_CHUNK, X.shape[0])
-    pad = -X.shape[0] % chunk
-    rows = jnp.pad(X, ((0, pad), (0, 0))).reshape(-1, chunk, X.shape[1])
-    row_labels = jnp.pad(labels, (0, pad), constant_values=n_components).reshape(-1, chunk)
-
-    def part(block):
-        x, lab = block
-        one_hot = (lab[:, None] == jnp.arange(n_components)).astype(X.dtype)  # padding: none
-        return one_hot.sum(0), jnp.matmul(one_hot.T, x, precision=_EXACT)
-
-    counts, sums = jax.lax.map(part, (rows, row_labels))
-    return counts.sum(0), sums.sum(0)
+def _seed_rows(key, X, w, n_components: int, active=None):
+    """(m,) row indices of k-means++ seeds of X (n, p) with row weights w (n,): greedy
+    k-means++ over X, or over a sample of ``_SEED_ROWS`` rows drawn by weight when n is
+    larger."""
+    n = X.shape[0]
+    if n <= _SEED_ROWS:
+        return _greedy_seeds(key, X, w, n_components, active)
+    sample_key, key = jax.random.split(key)
+    rows = _draw(w, jax.random.uniform(sample_key, (_SEED_ROWS,), X.dtype))
+    return rows[_greedy_seeds(key, X[rows], jnp.ones(_SEED_ROWS, X.dtype), n_components,
+                              active)]
 
 
-def _label_stats(X, labels, centres):
-    """Hard-label statistics about each label's centre (m, p) (no n x m matrix): the
-    deviations x - c_j are formed before their products, for ``m_step(pivot=centres)``."""
-    counts, sum_x = _label_sums(X, labels, centres.shape[0])
-
-    def scatter(j):
-        y = X - centres[j]
-        return jnp.matmul((y * (labels == j)[:, None]).T, y, precision=_EXACT)
-
-    sum_xx = jax.lax.map(scatter, jnp.arange(centres.shape[0]))
-    return SuffStats(counts, sum_x - counts[:, None] * centres, sum_xx,
-                     jnp.zeros((), X.dtype))
+def kmeans_plusplus(key, X, n_components: int, sample_weight=None):
+    """(m,) row indices of greedy k-means++ seeds (scikit-learn's: each seed the best of
+    2 + floor(log m) candidates drawn proportional to weight x D^2); m <= n (more seeds
+    than rows would repeat rows). Beyond 2^15 rows the seeds come from a sample of 2^15
+    rows drawn by weight. ``sample_weight``: optional (n,) non-negative row weights
+    (rows of weight 0 are never chosen)."""
+    X = check_data(X)
+    n_components = _check_components(n_components, X)
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    return _seed_rows(key, X, row_weights(X, w), n_components)
 
 
-def _lloyd(X, centres, max_iter: int):
-    n_components = centres.shape[0]
+def _rows_per_step(n: int, width: int) -> int:
+    """Rows per step of a pass holding (rows, width) temporaries: a power of two (it
+    divides the padded row counts of :func:`row_bucket`, so no step is padded), or n."""
+    rows = max(1, _CHUNK_ELEMENTS // max(width, 1))
+    return min(n, 1 << (rows.bit_length() - 1))
+
+
+def _one_hot_nearest(x, wc, centres, present):
+    """(rows, m) one-hot rows of the nearest present centre (weighted by wc) and the
+    labels: one distance GEMM and an argmin."""
+    sq = jnp.where(present, jnp.sum(centres**2, axis=1), jnp.inf)
+    labels = jnp.argmin(sq - 2 * jnp.matmul(x, centres.T, precision=_EXACT), axis=1)
+    one_hot = (labels[:, None] == jnp.arange(centres.shape[0])).astype(x.dtype)
+    return one_hot * wc[:, None], labels
+
+
+def _lloyd(X, w, centres, max_iter: int, tol, present=None):
+    """Lloyd iterations from ``centres`` (m, p) until the centres' total squared shift is
+    at most ``tol`` (or ``max_iter``): one pass over the rows per iteration (distance GEMM,
+    argmin, and the weighted one-hot sums as a GEMM, added in a fixed order: reproducible
+    bit for bit, where XLA's scatter-add adds in no fixed order on a GPU), the loop and
+    its test on the device. An empty cluster keeps its centre. ``present``: optional (m,)
+    mask of the centres that take part (the others get no rows). Returns the centres."""
+    n, p = X.shape
+    present = jnp.ones(centres.shape[0], bool) if present is None else present
+    step = _rows_per_step(n, centres.shape[0] + p)
+
+    def sums(x, wc, centres):
+        one_hot, _ = _one_hot_nearest(x, wc, centres, present)
+        return (one_hot.sum(0), jnp.matmul(one_hot.T, x, precision=_EXACT)),
 
     def body(state):
         i, centres, _ = state
-        labels = _nearest_centre(X, centres)
-        counts, sums = _label_sums(X, labels, n_components)
-        new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], centres)
-        return i + 1, new, jnp.max(jnp.abs(new - centres))
+        (counts, totals), = over_row_chunks(lambda x, wc: sums(x, wc, centres), step, (X, w))
+        new = jnp.where(counts[:, None] > 0, totals / jnp.where(counts > 0, counts, 1)[:, None],
+                        centres)
+        return i + 1, new, jnp.sum((new - centres) ** 2)
 
     def cond(state):
         i, _, shift = state
-        return (i < max_iter) & (shift > 0)
+        return (i < max_iter) & (shift > tol)
 
     _, centres, _ = jax.lax.while_loop(cond, body, (0, centres, jnp.array(jnp.inf, X.dtype)))
-    return _nearest_centre(X, centres), centres
+    return centres
+
+
+def _lloyd_tol(Xc, w):
+    """scikit-learn's KMeans tolerance of the centred rows Xc with weights w: 1e-4 x the
+    mean weighted feature variance."""
+    return _LLOYD_TOL * jnp.mean(jnp.matmul(w, Xc**2, precision=_EXACT) / jnp.sum(w))
+
+
+def kmeans_labels(Xc, centres, max_iter: int):
+    """(n,) labels of Lloyd's k-means on the centred rows Xc (n, p) from ``centres``
+    (m, p) (at most ``max_iter`` steps, scikit-learn's tolerance): each row's nearest
+    final centre."""
+    w = jnp.ones(Xc.shape[0], Xc.dtype)
+    centres = _lloyd(Xc, w, centres, max_iter, _lloyd_tol(Xc, w))
+    present = jnp.ones(centres.shape[0], bool)
+
+    def part(x, wc):
+        return jnp.zeros((), x.dtype), _one_hot_nearest(x, wc, centres, present)[1]
+
+    _, labels = over_row_chunks(part, _rows_per_step(Xc.shape[0], centres.shape[0] + 1),
+                                (Xc, w))
+    return labels.astype(jnp.int32)
+
+
+def _label_stats(X, w, centres, present):
+    """Hard-label statistics of the rows' nearest centres about those centres (m, p):
+    counts, sum w (x - c_j) and sum w (x - c_j)(x - c_j)^T over the rows nearest c_j, the
+    deviations formed before their products (for ``m_step(pivot=centres)``), in one pass
+    of one-hot GEMMs (no n x m matrix at once). Centres not ``present`` get no rows."""
+    n, p = X.shape
+    m = centres.shape[0]
+
+    def part(x, wc):
+        one_hot, labels = _one_hot_nearest(x, wc, centres, present)
+        y = x - centres[labels]
+        outer = (y[:, :, None] * y[:, None, :]).reshape(y.shape[0], p * p)
+        return (one_hot.sum(0), jnp.matmul(one_hot.T, y, precision=_EXACT),
+                jnp.matmul(one_hot.T, outer, precision=_EXACT).reshape(m, p, p)),
+
+    (counts, sum_y, sum_yy), = over_row_chunks(part, _rows_per_step(n, m + p * p), (X, w))
+    return SuffStats(counts, sum_y, sum_yy, jnp.zeros((), X.dtype))
 
 
 def _one_point_components(X, indices, covariance_type: str, reg_covar):
@@ -145,38 +228,51 @@ def _one_point_components(X, indices, covariance_type: str, reg_covar):
                                           covariances, covariance_type)
 
 
-def _initialize_one(key, X, n_components, covariance_type, reg_covar, method,
-                    kmeans_max_iter):
+def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
+                    kmeans_max_iter, kmeans_tol, active):
+    present = jnp.arange(n_components) < active
     if method == "k-means++":
-        seeds = kmeans_plusplus(key, X, n_components)
-        return _one_point_components(X, seeds, covariance_type, reg_covar)
-    if method == "random_from_data":
-        seeds = jax.random.choice(key, X.shape[0], (n_components,), replace=False)
-        return _one_point_components(X, seeds, covariance_type, reg_covar)
-    if method == "kmeans":
-        seeds = X[kmeans_plusplus(key, X, n_components)]
-        labels, centres = _lloyd(X, seeds, kmeans_max_iter)
-        return m_step(_label_stats(X, labels, centres), covariance_type=covariance_type,
+        seeds = _seed_rows(key, X, w, n_components, active)
+        init = _one_point_components(X, seeds, covariance_type, reg_covar)
+    elif method == "random_from_data":
+        seeds = jax.random.choice(key, X.shape[0], (n_components,), replace=False,
+                                  p=w / jnp.sum(w))
+        init = _one_point_components(X, seeds, covariance_type, reg_covar)
+    elif method == "kmeans":
+        seeds = X[_seed_rows(key, X, w, n_components, active)]
+        centres = _lloyd(X, w, seeds, kmeans_max_iter, kmeans_tol, present)
+        init = m_step(_label_stats(X, w, centres, present), covariance_type=covariance_type,
                       reg_covar=reg_covar, pivot=centres)
-    resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype)
-    stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True))
-    return m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
+    else:
+        resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype) * present
+        stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True), w)
+        init = m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
+    # components past ``active`` are absent: weight 0 (EM keeps it 0)
+    weights = jnp.where(present, init.weights, 0)
+    return dataclasses.replace(init, weights=weights / jnp.sum(weights))
 
 
 def initialize(key, X, n_components: int, *, covariance_type: str = "full",
                reg_covar: float = 1e-6, method: str = "kmeans", n_init: int = 1,
-               kmeans_max_iter: int = 100) -> MixtureParams:
+               kmeans_max_iter: int = 100, sample_weight=None) -> MixtureParams:
     """Initial parameters for ``n_init`` restarts, stacked on a leading (n_init,) axis.
+
+    The rows are centred by their weighted mean inside (the returned means are in X's
+    coordinates), so that statistics do not cancel far from the origin.
 
     Args:
         key: JAX PRNG key (split into one key per restart).
-        X: (n, p) data (centred by the caller when it will be fitted centred).
+        X: (n, p) data.
         n_components: m.
         covariance_type: "full", "tied", "diag" or "spherical".
         reg_covar: added to covariance diagonals.
         method: one of :data:`INIT_METHODS`.
         n_init: number of restarts.
-        kmeans_max_iter: Lloyd iterations for ``"kmeans"``.
+        kmeans_max_iter: most Lloyd iterations for ``"kmeans"`` (they stop earlier when
+            the centres' total squared shift is at most 1e-4 x the mean feature variance,
+            scikit-learn's ``KMeans`` rule).
+        sample_weight: optional (n,) non-negative row weights (rows of weight 0 take no
+            part: never seeds, no share of any statistic).
 
     Returns:
         :class:`MixtureParams` whose arrays have a leading (n_init,) axis.
@@ -184,7 +280,7 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
     Raises:
         ValueError / TypeError: naming the argument: X not a finite 2-D float array,
             n_components < 1 or > n, n_init < 1, kmeans_max_iter < 0, a negative
-            reg_covar, an unknown method or covariance_type.
+            reg_covar, an unknown method or covariance_type, a bad sample_weight.
     """
     if method not in INIT_METHODS:
         raise ValueError(f"init_params must be one of {INIT_METHODS}, got {method=!r}")
@@ -192,17 +288,35 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
         raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got "
                          f"{covariance_type=!r}")
     X = check_data(X)
-    return _initialize(key, X, _check_components(n_components, X),
-                       covariance_type=covariance_type,
-                       reg_covar=check_real(reg_covar, "reg_covar", 0), method=method,
-                       n_init=check_int(n_init, "n_init", 1),
-                       kmeans_max_iter=check_int(kmeans_max_iter, "kmeans_max_iter", 0))
+    w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
+    return initialize_rows(key, X, row_weights(X, w), _check_components(n_components, X),
+                           covariance_type=covariance_type,
+                           reg_covar=check_real(reg_covar, "reg_covar", 0), method=method,
+                           n_init=check_int(n_init, "n_init", 1),
+                           kmeans_max_iter=check_int(kmeans_max_iter, "kmeans_max_iter", 0))
 
 
-@functools.partial(jax.jit, static_argnames=("n_components", "covariance_type", "reg_covar",
-                                             "method", "n_init", "kmeans_max_iter"))
-def _initialize(key, X, n_components, *, covariance_type, reg_covar, method, n_init,
-                kmeans_max_iter):
+def _initialize_rows(key, X, w, n_components, active=None, *, covariance_type, reg_covar,
+                     method, n_init, kmeans_max_iter=100):
+    """:func:`initialize` on validated rows X (n, p) with row weights w (n,) (zero for rows
+    that take no part, e.g. padding): one program per static setting and shape.
+    ``active``: optional traced count a <= m of components that take part; the others
+    get weight 0 (so one program serves every a up to m)."""
+    active = n_components if active is None else active
+    total = jnp.sum(w)
+    shift = jnp.matmul(w, X, precision=_EXACT) / total
+    Xc = X - shift
+    tol = _lloyd_tol(Xc, w)
     keys = jax.random.split(key, n_init)
-    return jax.vmap(lambda k: _initialize_one(k, X, n_components, covariance_type, reg_covar,
-                                              method, kmeans_max_iter))(keys)
+    init = jax.vmap(lambda k: _initialize_one(k, Xc, w, n_components, covariance_type,
+                                              reg_covar, method, kmeans_max_iter, tol,
+                                              active))(keys)
+    return dataclasses.replace(init, means=init.means + shift)
+
+
+_INIT_STATIC = ("n_components", "covariance_type", "reg_covar", "method", "n_init",
+                "kmeans_max_iter")
+initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC)
+# the same program compiled without LLVM's optimisation passes (small data on a CPU)
+initialize_rows_quick = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
+                                compiler_options=QUICK_COMPILE)

@@ -27,6 +27,12 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+@jax.jit
+def _count_nonfinite(X):
+    """NaN and infinite entries of X: one program per shape (eager ops would be three)."""
+    return jnp.sum(~jnp.isfinite(X))
+
+
 def check_data(X, name: str = "X") -> jax.Array:
     """X as a (n, p) float array (16-bit -> float32); finite when concrete."""
     X = as_array(X, name)
@@ -38,7 +44,7 @@ def check_data(X, name: str = "X") -> jax.Array:
         raise ValueError(f"{name} needs at least one row and one column, got {X.shape=}")
     if is_concrete(X):
         with jax.ensure_compile_time_eval():  # also when jit closes over a concrete X
-            bad = int(jnp.sum(~jnp.isfinite(X)))
+            bad = int(_count_nonfinite(X))
         if bad:
             raise ValueError(f"{name} contains {bad} NaN or infinite values; remove or impute "
                              "them")
