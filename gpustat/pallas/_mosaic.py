@@ -15,8 +15,11 @@ Facts of the Mosaic GPU lowering in jax 0.11.2 that shape the kernels here
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 __all__ = [
@@ -43,35 +46,77 @@ def num_sms() -> int:
     return jax.devices()[0].core_count
 
 
-def lookup(table_ref, index, layout, dtype=jnp.float32):
-    """``table.reshape(-1)[index]`` for every element of ``index`` (int32, ``layout``).
+def lookup(table_ref, index, layout, *, offset: int = 0, stride: int = 1,
+           dtypes: tuple = (jnp.float32,)) -> tuple:
+    """Row ``index`` of a table in shared memory, for every element of ``index``.
 
-    ``table_ref`` is a 2-D (rows, LANES) float32 ref in SMEM (or GMEM); entry i sits
-    at row ``i >> 7``, column ``i & 127``. Each lane issues one scalar load per
-    element. ``dtype=jnp.int32`` reinterprets the float32 bits (int tables are
-    stored bitcast). Indices are not checked: out-of-range reads are undefined.
+    ``table_ref`` is a 2-D (rows, LANES) float32 SMEM ref holding the table flat;
+    element ``e`` of ``index`` (int32, ``layout``) reads the ``len(dtypes)``
+    consecutive entries starting at ``offset + index[e] * stride`` with one
+    vector load (``ld.shared.v2`` / ``.v4``: ``offset`` and ``stride`` must be
+    multiples of that width). Entries whose dtype is int32 are stored bitcast.
+    Indices are not checked: out-of-range reads are undefined.
+
+    Returns:
+        one array (``index``'s shape and layout) per entry of ``dtypes``.
     """
+    from jax.experimental.mosaic import gpu as mgpu
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, memref
+    from jaxlib.mlir.dialects import arith, llvm, memref, vector
+
+    width = len(dtypes)
+    if width not in (1, 2, 4) or offset % width or stride % width:
+        raise ValueError(f"lookup: {width} entries a row need offset and stride multiples of "
+                         f"the width, got {offset=}, {stride=}")
 
     @plgpu.inline_mgpu(
         arg_types=(plgpu.RefType(), layout),
-        return_type=plgpu.ShapeDtypeStruct(index.shape, dtype, layout=layout),
+        return_type=tuple(plgpu.ShapeDtypeStruct(index.shape, d, layout=layout)
+                          for d in dtypes),
     )
     def gather(ctx, ref, index_fa):
         del ctx
-        index_ty = ir.IndexType.get()
+        f32 = ir.F32Type.get()
         i32 = ir.IntegerType.get_signless(32)
-        shift = arith.constant(i32, 7)
-        mask = arith.constant(i32, LANES - 1)
+        index_ty = ir.IndexType.get()
+        flat = mgpu.utils.memref_reshape(ref, (math.prod(ir.MemRefType(ref.type).shape),))
+        row_ty = ir.VectorType.get([width], f32)
 
-        def load(i, _):
-            row = arith.index_cast(index_ty, arith.shrui(i, shift))
-            col = arith.index_cast(index_ty, arith.andi(i, mask))
-            value = memref.load(ref, [row, col])
-            return arith.bitcast(i32, value) if dtype == jnp.int32 else value
+        def load(i):
+            address = arith.addi(arith.muli(arith.index_cast(index_ty, i),
+                                            arith.constant(index_ty, stride)),
+                                 arith.constant(index_ty, offset))
+            if width == 1:
+                values = [memref.load(flat, [address])]
+            else:
+                row = vector.load(row_ty, flat, [address], alignment=4 * width)
+                values = [vector.extract(row, dynamic_position=[],
+                                         static_position=ir.DenseI64ArrayAttr.get([w]))
+                          for w in range(width)]
+            return [arith.bitcast(i32, v) if d == jnp.int32 else v
+                    for v, d in zip(values, dtypes, strict=True)]
 
-        return index_fa.foreach(load, create_array=True,
-                                is_signed=True if dtype == jnp.int32 else None)
+        outs = [np.empty_like(index_fa.registers) for _ in dtypes]
+        for reg_idx in np.ndindex(index_fa.registers.shape):
+            reg = index_fa.registers[reg_idx]
+            if not isinstance(reg.type, ir.VectorType):
+                for out, v in zip(outs, load(reg), strict=True):
+                    out[reg_idx] = v
+                continue
+            [elems] = ir.VectorType(reg.type).shape
+            new = [llvm.mlir_undef(ir.VectorType.get([elems], i32 if d == jnp.int32 else f32))
+                   for d in dtypes]
+            for e in range(elems):
+                position = ir.DenseI64ArrayAttr.get([e])
+                i = vector.extract(reg, dynamic_position=[], static_position=position)
+                for w, v in enumerate(load(i)):
+                    new[w] = vector.insert(v, new[w], dynamic_position=[],
+                                           static_position=position)
+            for out, v in zip(outs, new, strict=True):
+                out[reg_idx] = v
+        return tuple(
+            mgpu.FragmentedArray(_registers=out, _layout=index_fa.layout,
+                                 _is_signed=True if d == jnp.int32 else None)
+            for out, d in zip(outs, dtypes, strict=True))
 
     return gather(table_ref, index)

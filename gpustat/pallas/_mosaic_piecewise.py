@@ -69,10 +69,10 @@ def _align(n: int) -> int:
 
 
 def table_offsets(lookup_kind: str, num_pieces: int, width: int, buckets: int = 0):
-    """Entry offsets of the packed tables (below, split, side rows for "guided"; keys,
-    rows otherwise) and the packed size: static, from the shapes alone."""
+    """Entry offsets of the packed tables ((below, split) pairs and side rows for
+    "guided"; keys and rows otherwise) and the packed size: static, from the shapes."""
     if lookup_kind == "guided":
-        sizes = (buckets, buckets, (next_pow2(num_pieces) + num_pieces) * width)
+        sizes = (2 * buckets, (next_pow2(num_pieces) + num_pieces) * width)
     elif lookup_kind == "uniform":
         sizes = (num_pieces + 1, num_pieces * width)
     else:
@@ -96,8 +96,10 @@ def pack_tables(keys, rows, params, guide=None, sides=None):
 
     Returns:
         [x_0, x_P, P / (x_P - x_0), M / (x_P - x_0)], then each table at its
-        :func:`table_offsets` offset (int32 ``below`` bitcast), zero padded. numpy
-        for concrete inputs, jax.numpy for traced ones.
+        :func:`table_offsets` offset, zero padded: the guide as (below, split) pairs
+        (int32 ``below`` bitcast, one 8-byte load a point), rows of width W (one
+        16-byte load per 4 coefficients). numpy for concrete inputs, jax.numpy for
+        traced ones.
     """
     concrete = not any(isinstance(a, jax.core.Tracer)
                        for a in (keys, rows, params, *(guide or ()), sides))
@@ -109,7 +111,8 @@ def pack_tables(keys, rows, params, guide=None, sides=None):
     if sides is not None:
         below = xp.asarray(guide[0], np.int32)
         below = below.view(f32) if concrete else jax.lax.bitcast_convert_type(below, f32)
-        parts += [below, xp.asarray(guide[1], f32), xp.asarray(sides, f32).reshape(-1)]
+        pairs = xp.stack([below, xp.asarray(guide[1], f32)], axis=1).reshape(-1)
+        parts += [pairs, xp.asarray(sides, f32).reshape(-1)]
     else:
         parts += [xp.asarray(keys, f32), xp.asarray(rows, f32).reshape(-1)]
     table = xp.concatenate([xp.pad(part, (0, _align(part.size) - part.size)) for part in parts])
@@ -145,21 +148,27 @@ def _cell(x, lo, scale, cells: int):
 
 
 def evaluate_points(x, params, gather, *, lookup_kind: str, offsets: tuple, num_pieces: int,
-              degree: int, width: int, buckets: int, extrapolate: str):
-    """p(x) for an array of float32 points; ``gather(index, dtype)`` reads packed-table
-    entries (the kernel's per-lane shared-memory lookup; a jnp gather in the tests)."""
+                    degree: int, width: int, buckets: int, extrapolate: str):
+    """p(x) for an array of float32 points.
+
+    ``gather(index, offset=, stride=, dtypes=)`` reads, for every element, the
+    ``len(dtypes)`` packed-table entries from ``offset + index * stride`` (the
+    kernel's per-lane shared-memory vector load, :func:`gpustat.pallas._mosaic.lookup`;
+    a jnp gather in the tests) and returns one array per entry.
+    """
     lo, hi, scale, bucket_scale = params
     if extrapolate == "clamp":  # comparisons keep NaN as NaN
         x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
 
-    def at(offset, index, dtype=jnp.float32):
-        return gather(index + offset, dtype)
+    def at(offset, index):
+        (value,) = gather(index, offset=offset, stride=1, dtypes=(jnp.float32,))
+        return value
 
     if lookup_kind == "guided":
-        off_below, off_split, off_rows = offsets
+        off_pairs, off_rows = offsets
         bucket = _cell(x, lo, bucket_scale, buckets)
-        below = at(off_below, bucket, jnp.int32)
-        split = at(off_split, bucket)
+        below, split = gather(bucket, offset=off_pairs, stride=2,
+                              dtypes=(jnp.int32, jnp.float32))
         above = (x >= split).astype(jnp.int32)  # (no boolean negation in the lowering)
         first = (below <= 0) & (above == 0)  # piece 0, and NaN x
         sides = next_pow2(num_pieces)
@@ -188,10 +197,13 @@ def evaluate_points(x, params, gather, *, lookup_kind: str, offsets: tuple, num_
         index = node - (1 << levels)
 
     u = x - knot
-    base = index * width + off_rows
-    y = gather(base, jnp.float32)
-    for k in range(1, degree + 1):  # Horner; a zero accumulator restarts (no 0 * inf)
-        c = gather(base + k, jnp.float32)
+    vec = min(width, 4)
+    coeffs = []
+    for start in range(0, degree + 1, vec):  # the row, 4 entries a load
+        coeffs += gather(index, offset=off_rows + start, stride=width,
+                         dtypes=(jnp.float32,) * vec)
+    y = coeffs[0]
+    for c in coeffs[1:degree + 1]:  # Horner; a zero accumulator restarts (no 0 * inf)
         y = jnp.where(y == 0, c, y * u + c)
     y = jnp.where(u != u, u, y)  # NaN in, NaN out (also for an all-zero piece)
     if extrapolate == "nan":
@@ -207,8 +219,8 @@ def _kernel(x_gmem, table_gmem, o_gmem, table, barrier, *, block_rows: int, per_
     cta = jax.lax.axis_index("cta")
     layout = plgpu.Layout.WG_STRIDED((block_rows, LANES), vec_size=1)
 
-    def gather(index, dtype):
-        return lookup(table, index, layout, dtype)
+    def gather(index, **row):
+        return lookup(table, index, layout, **row)
 
     def step(_, x_tile, o_tile):
         x = plgpu.layout_cast(x_tile[...], layout)

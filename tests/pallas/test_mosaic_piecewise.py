@@ -61,9 +61,10 @@ def test_lookup_logic_matches_scipy(kind, mode):
     bp, coeffs, table, buckets = make_tables(kind)
     flat = jnp.asarray(table).reshape(-1)
 
-    def gather(index, dtype):
-        values = flat[index]
-        return jax.lax.bitcast_convert_type(values, jnp.int32) if dtype == jnp.int32 else values
+    def gather(index, *, offset, stride, dtypes):
+        rows = [flat[offset + index * stride + w] for w in range(len(dtypes))]
+        return [jax.lax.bitcast_convert_type(v, jnp.int32) if d == jnp.int32 else v
+                for v, d in zip(rows, dtypes, strict=True)]
 
     offsets, entries = table_offsets(kind, bp.size - 1, 4, buckets)
     assert entries == table.size
@@ -80,11 +81,11 @@ def test_lookup_logic_matches_scipy(kind, mode):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
 
 
-@pytest.mark.parametrize("kind", ["guided", "search"])
+@pytest.mark.parametrize("kind", ["guided", "uniform", "search"])
 def test_kernel_lowers_for_cuda(kind):
     _, _, table, buckets = make_tables(kind)
     kernel = functools.partial(ppoly_eval_mosaic, lookup_kind=kind, num_pieces=48, degree=3,
-                               buckets=buckets)
+                               buckets=buckets, extrapolate="clamp" if kind == "uniform" else "nan")
     assert_lowers_for_cuda(kernel, (jax.ShapeDtypeStruct(table.shape, jnp.float32),
                                     jax.ShapeDtypeStruct((1 << 16,), jnp.float32)),
                            calls=("mosaic_gpu",))
