@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
-from gpustat import mixture  # noqa: E402
-from gpustat._backend import BackendUnavailableError, mosaic_unavailable_reason  # noqa: E402
-from gpustat.pallas import _mosaic_mixture as mm  # noqa: E402
-from gpustat.reference import mixture as ref  # noqa: E402
-from gpustat.reference._mixture_split import MIN_EXP, SPLIT_EXP  # noqa: E402
-from tests.helpers import assert_lowers_for_cuda  # noqa: E402
+from gpustat import mixture
+from gpustat._backend import BackendUnavailableError, mosaic_unavailable_reason
+from gpustat.pallas import _mosaic_mixture as mm
+from gpustat.reference import mixture as ref
+from gpustat.reference._mixture_split import MIN_EXP, SPLIT_EXP
+from tests.helpers import assert_lowers_for_cuda
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -103,7 +103,7 @@ def test_kernels_lower_for_cuda(n_features, n_components):
 @pytest.mark.skipif(not mosaic_unavailable_reason(), reason="this machine runs Mosaic GPU")
 def test_mosaic_backend_unavailable_names_why():
     X, params, _, _ = problem(64, 2, 3)
-    with pytest.raises(BackendUnavailableError, match="Mosaic GPU.*needs"):
+    with pytest.raises(BackendUnavailableError, match=r"Mosaic GPU.*needs"):
         mixture.suff_stats(X, params, backend="mosaic", precision="f16x3")
 
 

@@ -10,17 +10,17 @@ import pytest
 
 pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
-from gpustat._backend import BackendUnavailableError, mosaic_unavailable_reason  # noqa: E402
-from gpustat.pallas._mosaic_piecewise import (  # noqa: E402
+from gpustat._backend import BackendUnavailableError, mosaic_unavailable_reason
+from gpustat.pallas._mosaic_piecewise import (
     evaluate_points,
     pack_tables,
     ppoly_eval_mosaic,
     table_offsets,
 )
-from gpustat.piecewise import PiecewisePolynomial, ppoly_eval  # noqa: E402
-from gpustat.reference.piecewise import guide_tables, kernel_tables, side_rows  # noqa: E402
-from tests.helpers import assert_close, assert_lowers_for_cuda  # noqa: E402
-from tests.pallas.test_piecewise import expected_scipy  # noqa: E402
+from gpustat.piecewise import PiecewisePolynomial, ppoly_eval
+from gpustat.reference.piecewise import guide_tables, kernel_tables, side_rows
+from tests.helpers import assert_close, assert_lowers_for_cuda
+from tests.pallas.test_piecewise import expected_scipy
 
 MODES = ("extend", "nan", "clamp")
 
@@ -95,7 +95,7 @@ def test_kernel_lowers_for_cuda(kind):
 def test_mosaic_backend_unavailable_names_why():
     bp, coeffs, _, _ = make_tables("search")
     pp = PiecewisePolynomial(jnp.asarray(bp), jnp.asarray(coeffs))
-    with pytest.raises(BackendUnavailableError, match="Mosaic GPU.*needs"):
+    with pytest.raises(BackendUnavailableError, match=r"Mosaic GPU.*needs"):
         ppoly_eval(pp, jnp.zeros(128, jnp.float32), backend="mosaic")
 
 
