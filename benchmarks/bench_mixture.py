@@ -11,7 +11,9 @@ Cases (float32 unless said, same process, same device):
   formulation (Phi = [x_a x_b (a <= b), x, 1], logits = Phi W, softmax, R^T Phi),
   HIGHEST precision;
 * ``em_iteration`` of the Triton E-step (:mod:`gpustat.triton.mixture`, precision "f16x3",
-  where jax-triton is installed) against the same baseline;
+  where jax-triton is installed) and of its Mosaic GPU twin
+  (:mod:`gpustat.pallas._mosaic_mixture`, sm_90+) against the same baseline, and the
+  Mosaic GPU density pass alone (``density_pass``, log p(x));
 * ``em_pieces``: per precision, the density pass alone (log p(x), no logits written)
   over block settings, then the E-step (density pass writing the logits + statistics
   pass) over statistics settings (block shapes and "full"/"packed" second moments);
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
-from gpustat._backend import available_backends
+from gpustat._backend import available_backends, mosaic_unavailable_reason
 from gpustat.mixture import (
     GibbsState,
     MixtureParams,
@@ -216,6 +218,14 @@ def check_precision_vs_float64(rec, X, params):
                                lambda: record(case, "triton",
                                               jax.jit(triton_mixture.log_prob)(rows, params),
                                               precision="f16x3"))
+    if mosaic_runs():
+        from gpustat.pallas import _mosaic_mixture as mosaic_mixture
+
+        case = "loglik_error_f16x3_mosaic"
+        errors[case] = guarded(rec, case, rows.shape, {"precision": "f16x3"},
+                               lambda: record(case, "mosaic",
+                                              jax.jit(mosaic_mixture.log_prob)(rows, params),
+                                              precision="f16x3"))
     errors["xla_reference"] = record("loglik_error_xla_reference", "xla_reference",
                                      jax.jit(ref.log_prob)(rows, params))
     xla_lse = jax.nn.logsumexp(jnp.dot(quadratic_features(rows), quadratic_weights(params),
@@ -309,6 +319,56 @@ def bench_triton_em(rec, X, params, xla_t, want):
           f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
 
 
+def mosaic_runs() -> bool:
+    """Whether the Mosaic GPU E-step's cases run: compiled, on an sm_90+ GPU."""
+    return not INTERPRET and not mosaic_unavailable_reason()
+
+
+def bench_mosaic_em(rec, X, params, xla_t, want):
+    """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline,
+    then its density pass alone (log p(x), no responsibilities written)."""
+    from gpustat.pallas import _mosaic_mixture as mosaic_mixture
+
+    n, p = X.shape
+
+    def step(X, params):
+        stats = mosaic_mixture.suff_stats(X, params)
+        return m_step(stats, reg_covar=1e-6), stats.loglik
+
+    step = jax.jit(step)
+    check_close("loglik f16x3 mosaic", step(X, params)[1], want, rtol=1e-4)
+    t = time_fn(step, [(X, params)])
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", baseline="xla_quadratic_gemm",
+               extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
+                      "flop": 2 * n * K * 2 * n_features(p)})
+    print(f"em_iteration f16x3 (mosaic): {t.median_ms:.2f} ms "
+          f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    density = jax.jit(mosaic_mixture.log_prob)
+    t = time_fn(density, [(X, params)])
+    rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", extra={"precision": "f16x3"})
+
+
+def mosaic_cases(rec):
+    """The Mosaic GPU E-step beside the XLA baseline and the Triton E-step at n = 1e6
+    (float32), and every float32 path's per-point log-likelihood error vs float64."""
+    with x64_for(jnp.float32):
+        X, params = make_problem(N, P, K)
+        shape = (N, P, K)
+        xla_t, want = bench_xla_em(rec, X, params)
+        if triton_runs():
+            guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
+                    lambda: bench_triton_em(rec, X, params, xla_t, want))
+        if mosaic_runs():
+            guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                    lambda: bench_mosaic_em(rec, X, params, xla_t, want))
+        else:
+            print(f"Mosaic GPU cases skipped: they need {mosaic_unavailable_reason()}")
+        print("per-point log-likelihood max |error| vs float64:",
+              check_precision_vs_float64(rec, X, params), flush=True)
+
+
 def bench_xla_em(rec, X, params):
     """The baseline: the plain-XLA quadratic-GEMM iteration; returns (timing, loglik)."""
     n, p = X.shape
@@ -328,6 +388,9 @@ def bench_em(rec, X, params, quick):
     if triton_runs():
         guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
                 lambda: bench_triton_em(rec, X, params, xla_t, want))
+    if mosaic_runs():
+        guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                lambda: bench_mosaic_em(rec, X, params, xla_t, want))
     best = {}
 
     def one(precision, density_cfg, stats_cfg, swept, centred=False):

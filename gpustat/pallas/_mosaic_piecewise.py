@@ -250,7 +250,8 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
         extrapolate: one of "extend", "nan", "clamp" ("periodic": see :func:`supports`).
         block_rows: rows of 128 points a pipeline step evaluates; this and the next
             two settings default to ``_DEFAULT_LAUNCH``.
-        ctas_per_sm: persistent CTAs per SM.
+        ctas_per_sm: persistent CTAs per SM; 0: one CTA per tile (each copies the
+            table; the hardware schedules them).
         depth: TMA pipeline depth (tiles in flight).
 
     Returns:
@@ -269,14 +270,14 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
         raise ValueError(f"table must be pack_tables(...) of shape {table_shape(entries)}, "
                          f"got {table.shape}")
     block_rows = block_rows or _DEFAULT_LAUNCH[0]
-    ctas_per_sm = ctas_per_sm or _DEFAULT_LAUNCH[1]
+    ctas_per_sm = _DEFAULT_LAUNCH[1] if ctas_per_sm is None else ctas_per_sm
     depth = depth or _DEFAULT_LAUNCH[2]
     size = x.shape[0]
     if size == 0:
         return jnp.zeros((0,), x.dtype)
     rows = size // LANES
     tiles = pl.cdiv(rows, block_rows)
-    ctas = max(1, min(num_sms() * ctas_per_sm, tiles))
+    ctas = tiles if ctas_per_sm == 0 else max(1, min(num_sms() * ctas_per_sm, tiles))
     per_cta = pl.cdiv(tiles, ctas)
     ctas = pl.cdiv(tiles, per_cta)
     kernel = functools.partial(
