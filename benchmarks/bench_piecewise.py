@@ -199,7 +199,11 @@ def mosaic_cases(rec: Recorder) -> None:
             for backend in backends:  # the public call inside jit (constant pp)
                 fn = jax.jit(lambda v, pp=pp, b=backend: pp(v, backend=b))
                 name = f"{'uniform' if uniform else 'search'}_f32_N2^26/public_{backend}"
-                err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
+                try:
+                    err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
+                except Exception as exc:  # recorded, the other backends still run
+                    print(f"[piecewise] {name}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
                 rec.record(name, shape=(n,), dtype="float32", backend=backend,
                            timing=time_fn(fn, [(x,)]), bytes_moved=nbytes, items=n,
                            item_name="points", extra={"max_rel_error": err})
