@@ -60,6 +60,8 @@ _PARAMS = 4
 # then holds any lookup's tables for cubics (W = 4).
 MAX_PIECES = 2048
 
+# Shared memory of one CTA on sm_90 (227 KB).
+_SMEM_BYTES = 232448
 # Default (block_rows, CTAs per SM, pipeline depth).
 _DEFAULT_LAUNCH = (64, 2, 2)
 
@@ -272,6 +274,10 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
     block_rows = block_rows or _DEFAULT_LAUNCH[0]
     ctas_per_sm = _DEFAULT_LAUNCH[1] if ctas_per_sm is None else ctas_per_sm
     depth = depth or _DEFAULT_LAUNCH[2]
+    smem = 4 * (table.size + 2 * depth * block_rows * LANES)  # table, x and y tiles
+    if smem > _SMEM_BYTES:
+        raise ValueError(f"block_rows={block_rows} and depth={depth} need {smem} bytes of "
+                         f"shared memory with this table, more than {_SMEM_BYTES}")
     size = x.shape[0]
     if size == 0:
         return jnp.zeros((0,), x.dtype)
