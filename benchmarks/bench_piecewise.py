@@ -147,11 +147,11 @@ def xla_fn(pp: PiecewisePolynomial):
                                      uniform=pp.uniform))
 
 
-# (block_rows, ctas_per_sm, depth) launches of the Mosaic GPU kernel timed per lookup
-# (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows * 512 bytes
-# of x and y tiles plus the table, at most 227 KB
-MOSAIC_LAUNCHES = [(64, 2, 2), (32, 0, 1), (64, 0, 1), (32, 4, 2), (32, 2, 4), (64, 1, 3),
-                   (16, 4, 4)]
+# (block_rows, ctas_per_sm, depth, sub_rows) launches of the Mosaic GPU kernel timed per
+# lookup (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows * 512
+# bytes of x and y tiles plus the table, at most 227 KB
+MOSAIC_LAUNCHES = [(64, 2, 2, 8), (64, 2, 2, 16), (64, 2, 2, 64), (32, 0, 1, 8),
+                   (32, 4, 2, 8), (32, 2, 4, 4), (64, 1, 3, 8), (16, 4, 4, 8), (128, 1, 1, 8)]
 
 
 def mosaic_cases(rec: Recorder) -> None:
@@ -180,12 +180,13 @@ def mosaic_cases(rec: Recorder) -> None:
             for kind, (g, sides) in lookups.items():
                 table = pack_tables(keys, rows, params, g, sides)
                 launches = MOSAIC_LAUNCHES if kind != "uniform" else MOSAIC_LAUNCHES[:2]
-                for block_rows, ctas, depth in launches:
+                for block_rows, ctas, depth, sub_rows in launches:
                     fn = jax.jit(functools.partial(
                         ppoly_eval_mosaic, table, lookup_kind=kind, num_pieces=NUM_PIECES,
                         degree=DEGREE, buckets=0 if g is None else g[0].shape[0],
-                        block_rows=block_rows, ctas_per_sm=ctas, depth=depth))
-                    name = f"{kind}_f32_N2^26/mosaic[{block_rows},{ctas},{depth}]"
+                        block_rows=block_rows, ctas_per_sm=ctas, depth=depth,
+                        sub_rows=sub_rows))
+                    name = f"{kind}_f32_N2^26/mosaic[{block_rows},{ctas},{depth},{sub_rows}]"
                     try:
                         err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
                     except Exception as exc:  # a launch that fails is a finding, not a stop
@@ -195,7 +196,8 @@ def mosaic_cases(rec: Recorder) -> None:
                                timing=time_fn(fn, [(x,)]), bytes_moved=nbytes, items=n,
                                item_name="points",
                                extra={"block_rows": block_rows, "ctas_per_sm": ctas,
-                                      "depth": depth, "lookup": kind, "max_rel_error": err})
+                                      "depth": depth, "sub_rows": sub_rows, "lookup": kind,
+                                      "max_rel_error": err})
             backends = ["auto", "mosaic", "pallas"] + (["triton"] if triton_installed() else [])
             for backend in backends:  # the public call inside jit (constant pp)
                 fn = jax.jit(lambda v, pp=pp, b=backend: pp(v, backend=b))

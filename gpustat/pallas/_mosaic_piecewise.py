@@ -62,8 +62,8 @@ MAX_PIECES = 2048
 
 # Shared memory of one CTA on sm_90 (227 KB).
 _SMEM_BYTES = 232448
-# Default (block_rows, CTAs per SM, pipeline depth).
-_DEFAULT_LAUNCH = (64, 2, 2)
+# Default (block_rows, CTAs per SM, pipeline depth, sub_rows).
+_DEFAULT_LAUNCH = (64, 2, 2, 8)
 
 
 def _align(n: int) -> int:
@@ -214,19 +214,26 @@ def evaluate_points(x, params, gather, *, lookup_kind: str, offsets: tuple, num_
 
 
 def _kernel(x_gmem, table_gmem, o_gmem, table, barrier, *, block_rows: int, per_cta: int,
-            depth: int, **settings):
+            depth: int, sub_rows: int, **settings):
     plgpu.copy_gmem_to_smem(table_gmem, table, barrier)
     plgpu.barrier_wait(barrier)
     params = tuple(table[0, k] for k in range(_PARAMS))
     cta = jax.lax.axis_index("cta")
-    layout = plgpu.Layout.WG_STRIDED((block_rows, LANES), vec_size=1)
+    # sub_rows rows of a tile at a time: sub_rows points a thread, so the values of a
+    # point's lookup chain stay in registers
+    layout = plgpu.Layout.WG_STRIDED((sub_rows, LANES), vec_size=1)
 
     def gather(index, **row):
         return lookup(table, index, layout, **row)
 
     def step(_, x_tile, o_tile):
-        x = plgpu.layout_cast(x_tile[...], layout)
-        o_tile[...] = evaluate_points(x, params, gather, **settings)
+        def part(i, carry):
+            rows = pl.ds(i * sub_rows, sub_rows)
+            x = plgpu.layout_cast(x_tile[rows], layout)
+            o_tile[rows] = evaluate_points(x, params, gather, **settings)
+            return carry
+
+        jax.lax.fori_loop(0, block_rows // sub_rows, part, 0)
 
     spec = plgpu.BlockSpec((block_rows, LANES), lambda j: (cta * per_cta + j, 0))
     plgpu.emit_pipeline(step, grid=(per_cta,), in_specs=[spec], out_specs=[spec],
@@ -235,11 +242,12 @@ def _kernel(x_gmem, table_gmem, o_gmem, table, barrier, *, block_rows: int, per_
 
 @functools.partial(jax.jit, static_argnames=(
     "lookup_kind", "num_pieces", "degree", "buckets", "extrapolate", "block_rows",
-    "ctas_per_sm", "depth"))
+    "ctas_per_sm", "depth", "sub_rows"))
 def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_pieces: int,
                       degree: int, buckets: int = 0,
                       extrapolate: str = "extend", block_rows: int | None = None,
-                      ctas_per_sm: int | None = None, depth: int | None = None) -> jax.Array:
+                      ctas_per_sm: int | None = None, depth: int | None = None,
+                      sub_rows: int | None = None) -> jax.Array:
     """p(x) for float32 x (n,), n a multiple of 128, from :func:`pack_tables`' table.
 
     Args:
@@ -255,6 +263,7 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
         ctas_per_sm: persistent CTAs per SM; 0: one CTA per tile (each copies the
             table; the hardware schedules them).
         depth: TMA pipeline depth (tiles in flight).
+        sub_rows: rows evaluated at a time inside a tile (a divisor of block_rows).
 
     Returns:
         (n,) float32.
@@ -274,6 +283,9 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
     block_rows = block_rows or _DEFAULT_LAUNCH[0]
     ctas_per_sm = _DEFAULT_LAUNCH[1] if ctas_per_sm is None else ctas_per_sm
     depth = depth or _DEFAULT_LAUNCH[2]
+    sub_rows = min(sub_rows or _DEFAULT_LAUNCH[3], block_rows)
+    if block_rows % sub_rows:
+        raise ValueError(f"sub_rows={sub_rows} must divide block_rows={block_rows}")
     smem = 4 * (table.size + 2 * depth * block_rows * LANES)  # table, x and y tiles
     if smem > _SMEM_BYTES:
         raise ValueError(f"block_rows={block_rows} and depth={depth} need {smem} bytes of "
@@ -287,7 +299,8 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
     per_cta = pl.cdiv(tiles, ctas)
     ctas = pl.cdiv(tiles, per_cta)
     kernel = functools.partial(
-        _kernel, block_rows=block_rows, per_cta=per_cta, depth=depth, lookup_kind=lookup_kind,
+        _kernel, block_rows=block_rows, per_cta=per_cta, depth=depth, sub_rows=sub_rows,
+        lookup_kind=lookup_kind,
         offsets=offsets, num_pieces=num_pieces, degree=degree, width=width, buckets=buckets,
         extrapolate=extrapolate)
     run = plgpu.kernel(
