@@ -286,6 +286,29 @@ def _f64_probe(block_rows, n_par, mcs):
 probe("ew_f64_b16_par_tma")(_f64_probe(16, None, 1))
 
 
+@probe("ew_f64_tma_as_int64")
+def _f64_as_int64(cfg):
+    """float64 through TMA bitcast as int64 (TMA takes 64-bit integers, not float64):
+    XLA's f64 <-> i64 bitcasts are free, the kernel bitcasts in registers."""
+    with x64_for(jnp.float64):
+        n, cols, block_rows = cfg["n"] // 2, 128, 16
+        rows = n // cols
+        x = jax.random.uniform(jax.random.key(0), (rows, cols), jnp.float64) + 0.5
+
+        def body(x_ref, o_ref):
+            v = jax.lax.bitcast_convert_type(x_ref[...], jnp.float64)
+            o_ref[...] = jax.lax.bitcast_convert_type(_ew_math(v), jnp.int64)
+
+        def kernel(x):
+            bits = jax.lax.bitcast_convert_type(x, jnp.int64)
+            out = _stream_call(body, jnp.int64, (bits,), rows=rows, cols=cols,
+                               block_rows=block_rows, n_par=None, mcs=1)
+            return jax.lax.bitcast_convert_type(out, jnp.float64)
+
+        return _measure(kernel, _ew_math, (x,), nbytes=16 * n, tol=1e-12,
+                        baseline=lambda v: v * 2, baseline_name="copy")
+
+
 @probe("ew_f64_gmem_load")
 def _f64_gmem(cfg):
     """float64 without TMA: each CTA loads its rows from GMEM into registers."""
