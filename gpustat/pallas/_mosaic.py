@@ -69,6 +69,10 @@ def lookup(table_ref, index, layout, *, offset: int = 0, stride: int = 1,
         raise ValueError(f"lookup: {width} entries a row need offset and stride multiples of "
                          f"the width, got {offset=}, {stride=}")
 
+    # a constant index (a splat) must be laid out as declared before the inline code
+    # reads its registers: the inline call would reinterpret the splat's registers
+    index = plgpu.layout_cast(index, layout)
+
     @plgpu.inline_mgpu(
         arg_types=(plgpu.RefType(), layout),
         return_type=tuple(plgpu.ShapeDtypeStruct(index.shape, d, layout=layout)

@@ -133,7 +133,8 @@ def supports(compute_dtype, trailing: tuple, num_pieces: int, size: int,
     if trailing:
         return "the Mosaic GPU kernel evaluates one polynomial (no trailing axes)"
     if size % LANES:
-        return f"the Mosaic GPU kernel streams x as (n / {LANES}, {LANES}), got n={size}"
+        return (f"the Mosaic GPU kernel streams x as (n / {LANES}, {LANES}): n must be a "
+                f"multiple of {LANES}, got n={size}")
     if num_pieces > MAX_PIECES:
         return f"the Mosaic GPU kernel's tables hold at most {MAX_PIECES} pieces"
     return ""
