@@ -147,11 +147,12 @@ def xla_fn(pp: PiecewisePolynomial):
                                      uniform=pp.uniform))
 
 
-# (block_rows, ctas_per_sm, depth, sub_rows) launches of the Mosaic GPU kernel timed per
-# lookup (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows * 512
-# bytes of x and y tiles plus the table, at most 227 KB
-MOSAIC_LAUNCHES = [(64, 2, 2, 8), (64, 2, 2, 16), (64, 2, 2, 64), (32, 0, 1, 8),
-                   (32, 4, 2, 8), (32, 2, 4, 4), (64, 1, 3, 8), (16, 4, 4, 8), (128, 1, 1, 8)]
+# (block_rows, ctas_per_sm, depth, sub_rows, vec) launches of the Mosaic GPU kernel timed
+# per lookup (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows *
+# 512 bytes of x and y tiles plus the table, at most 227 KB. The guided lookup (concrete
+# breakpoints) takes all, the searched one the first four, the uniform one the first two.
+MOSAIC_LAUNCHES = [(16, 4, 4, 8, 1), (16, 4, 4, 16, 4), (32, 4, 2, 32, 4), (16, 4, 2, 16, 1),
+                   (32, 4, 2, 16, 2), (32, 0, 1, 32, 4), (64, 2, 2, 64, 4), (16, 6, 2, 16, 4)]
 
 
 def mosaic_cases(rec: Recorder) -> None:
@@ -179,14 +180,15 @@ def mosaic_cases(rec: Recorder) -> None:
                 lookups["guided"] = (guide, side_rows(guide[2], rows, DEGREE))
             for kind, (g, sides) in lookups.items():
                 table = pack_tables(keys, rows, params, g, sides)
-                launches = MOSAIC_LAUNCHES if kind != "uniform" else MOSAIC_LAUNCHES[:2]
-                for block_rows, ctas, depth, sub_rows in launches:
+                launches = MOSAIC_LAUNCHES[:{"guided": None, "search": 4, "uniform": 2}[kind]]
+                for block_rows, ctas, depth, sub_rows, vec in launches:
                     fn = jax.jit(functools.partial(
                         ppoly_eval_mosaic, table, lookup_kind=kind, num_pieces=NUM_PIECES,
                         degree=DEGREE, buckets=0 if g is None else g[0].shape[0],
                         block_rows=block_rows, ctas_per_sm=ctas, depth=depth,
-                        sub_rows=sub_rows))
-                    name = f"{kind}_f32_N2^26/mosaic[{block_rows},{ctas},{depth},{sub_rows}]"
+                        sub_rows=sub_rows, vec=vec))
+                    name = (f"{kind}_f32_N2^26/mosaic"
+                            f"[{block_rows},{ctas},{depth},{sub_rows},{vec}]")
                     try:
                         err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
                     except Exception as exc:  # a launch that fails is a finding, not a stop
@@ -196,7 +198,8 @@ def mosaic_cases(rec: Recorder) -> None:
                                timing=time_fn(fn, [(x,)]), bytes_moved=nbytes, items=n,
                                item_name="points",
                                extra={"block_rows": block_rows, "ctas_per_sm": ctas,
-                                      "depth": depth, "sub_rows": sub_rows, "lookup": kind,
+                                      "depth": depth, "sub_rows": sub_rows, "vec": vec,
+                                      "lookup": kind,
                                       "max_rel_error": err})
             backends = ["auto", "mosaic", "pallas"] + (["triton"] if triton_installed() else [])
             for backend in backends:  # the public call inside jit (constant pp)

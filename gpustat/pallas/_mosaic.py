@@ -87,9 +87,10 @@ def lookup(table_ref, index, layout, *, offset: int = 0, stride: int = 1,
         row_ty = ir.VectorType.get([width], f32)
 
         def load(i):
-            address = arith.addi(arith.muli(arith.index_cast(index_ty, i),
-                                            arith.constant(index_ty, stride)),
-                                 arith.constant(index_ty, offset))
+            # 32-bit address arithmetic (a 64-bit index costs two instructions an add)
+            entry = arith.addi(arith.muli(i, arith.constant(i32, stride)),
+                               arith.constant(i32, offset))
+            address = arith.index_cast(index_ty, entry)
             if width == 1:
                 values = [memref.load(flat, [address])]
             else:

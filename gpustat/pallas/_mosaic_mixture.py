@@ -48,9 +48,12 @@ ROWS_PER_CHUNK = 1 << 20
 BLOCK_M = 64  # density rows per CTA (= the responsibilities' scaling block)
 BLOCK_F = 32  # features per pipeline step (density) and per statistics CTA
 _DEPTH = 2  # TMA pipeline depth of both kernels
-# scratch of the cross-warp reductions (a (64, 256) tile's column maxima)
-_PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4 * 4,
+# scratch of the cross-warp reductions (a (64, 256) tile's column maxima: 4 warps)
+_PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4,
                                lowering_semantics=plgpu.LoweringSemantics.Lane)
+# outputs through shared memory and TMA (True) or stored from registers (False: less
+# shared memory a CTA, so more CTAs an SM)
+STAGED_STORES = True
 
 
 def supports(dtype, n_features_: int, n_components: int) -> str:
@@ -92,8 +95,8 @@ def _ceil_log2(v):
 
 def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
                     lse_g, r_hi_g, r_lo_g, r_exp_g,
-                    vec_smem, weight_smem, lse_smem, r_hi_smem, r_lo_smem, r_exp_smem, barriers,
-                    *, features: int, components: int, write_resp: bool):
+                    vec_smem, weight_smem, lse_smem, r_exp_smem, barriers, *r_smem,
+                    features: int, components: int, write_resp: bool):
     tile = jax.lax.axis_index("tile")
     rows = pl.ds(tile * BLOCK_M, BLOCK_M)
     plgpu.copy_gmem_to_smem(inv_scale_g, vec_smem.at[0], barriers.at[0])
@@ -135,22 +138,30 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
         r_exp = jnp.maximum(_ceil_log2(jnp.max(r, axis=0)), MIN_EXP)
         scaled = r * _spread(_pow2(SPLIT_EXP - r_exp), shape, 1)
         hi = scaled.astype(jnp.float16)
-        r_hi_smem[...] = hi
-        r_lo_smem[...] = (scaled - hi.astype(jnp.float32)).astype(jnp.float16)
+        lo = (scaled - hi.astype(jnp.float32)).astype(jnp.float16)
+        if r_smem:  # staged in shared memory, written by TMA
+            r_smem[0][...] = hi
+            r_smem[1][...] = lo
+        else:  # written from registers (no staging: less shared memory a CTA)
+            r_hi_g.at[rows][...] = hi
+            r_lo_g.at[rows][...] = lo
         r_exp_smem[...] = r_exp
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(lse_smem, lse_g.at[rows])
     if write_resp:
-        plgpu.copy_smem_to_gmem(r_hi_smem, r_hi_g.at[rows])
-        plgpu.copy_smem_to_gmem(r_lo_smem, r_lo_g.at[rows])
+        if r_smem:
+            plgpu.copy_smem_to_gmem(r_smem[0], r_hi_g.at[rows])
+            plgpu.copy_smem_to_gmem(r_smem[1], r_lo_g.at[rows])
         plgpu.copy_smem_to_gmem(r_exp_smem, r_exp_g.at[tile])
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("write_resp",))
-def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp: bool = True):
+@functools.partial(jax.jit, static_argnames=("write_resp", "staged"))
+def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp: bool = True,
+             staged: bool = STAGED_STORES):
     """log p(x) (n,) and, with ``write_resp``, R hi, lo (n, K) float16 and the blocks'
-    exponents (blocks, K)."""
+    exponents (blocks, K); ``staged``: R goes through shared memory and TMA, else it is
+    stored from registers."""
     n, features = phi_hi.shape
     components = w_hi.shape[1]
     blocks = pl.cdiv(n, BLOCK_M)
@@ -161,21 +172,21 @@ def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp:
            jax.ShapeDtypeStruct((blocks if write_resp else 1, components), jnp.float32))
     kernel = functools.partial(_density_kernel, features=features, components=components,
                                write_resp=write_resp)
+    r_smem = [plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS)] * (
+        2 if write_resp and staged else 0)
     return plgpu.kernel(
         kernel, out_type=out, grid=(blocks,), grid_names=("tile",),
         scratch_types=[plgpu.SMEM((2, components), jnp.float32),
                        plgpu.SMEM((BLOCK_M,), jnp.float32),
                        plgpu.SMEM((BLOCK_M,), jnp.float32),
-                       plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS),
-                       plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS),
                        plgpu.SMEM((components,), jnp.float32),
-                       plgpu.Barrier(num_barriers=3)],
+                       plgpu.Barrier(num_barriers=3), *r_smem],
         compiler_params=_PARAMS,
     )(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight)
 
 
-def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, t_smem,
-                  *, tiles_per_split: int, components: int):
+def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, *t_smem,
+                  tiles_per_split: int, components: int):
     fb = jax.lax.axis_index("feature_block")
     split = jax.lax.axis_index("split")
     first = split * tiles_per_split
@@ -211,15 +222,21 @@ def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, t_smem,
         in_specs=[r_spec, r_spec, phi_spec, phi_spec, exp_spec],
         max_concurrent_steps=_DEPTH, init_carry=init,
     )(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g)
-    t_smem[...] = acc * _spread(_pow2(acc_exp - SPLIT_EXP), acc.shape, 0)
+    t = acc * _spread(_pow2(acc_exp - SPLIT_EXP), acc.shape, 0)
+    out = t_g.at[split, :, pl.ds(fb * BLOCK_F, BLOCK_F)]
+    if not t_smem:  # from registers
+        out[...] = t
+        return
+    t_smem[0][...] = t
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(t_smem, t_g.at[split, :, pl.ds(fb * BLOCK_F, BLOCK_F)])
+    plgpu.copy_smem_to_gmem(t_smem[0], out)
     plgpu.wait_smem_to_gmem(0)
 
 
-@jax.jit
-def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp):
-    """R^T Phi (K, F), unscaled from the responsibilities' exponents."""
+@functools.partial(jax.jit, static_argnames=("staged",))
+def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp, *, staged: bool = STAGED_STORES):
+    """R^T Phi (K, F), unscaled from the responsibilities' exponents (``staged``: the
+    partial sums go through shared memory and TMA, else from registers)."""
     n, components = r_hi.shape
     features = phi_hi.shape[1]
     tiles = pl.cdiv(n, BLOCK_M)
@@ -234,7 +251,7 @@ def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp):
     partial = plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct((splits, components, features), jnp.float32),
         grid=(features // BLOCK_F, splits), grid_names=("feature_block", "split"),
-        scratch_types=[plgpu.SMEM((components, BLOCK_F), jnp.float32)],
+        scratch_types=[plgpu.SMEM((components, BLOCK_F), jnp.float32)] * staged,
         compiler_params=_PARAMS,
     )(r_hi, r_lo, phi_hi, phi_lo, r_exp)
     return jnp.sum(partial, axis=0)
@@ -246,7 +263,7 @@ def _padded_sizes(p: int, m: int) -> tuple[int, int]:
     return -(-n_features(p) // BLOCK_F) * BLOCK_F, max(64, next_pow2(m))
 
 
-def _chunk_density(X, w, W, write_resp: bool):
+def _chunk_density(X, w, W, write_resp: bool, staged: bool):
     """(log p(x) (n,), [R hi, R lo, exponents], (Phi hi, Phi lo), s) of one chunk, the
     rows padded to BLOCK_M with zero-weight rows (TMA tiles need whole 8-row tiles)."""
     n = X.shape[0]
@@ -256,7 +273,7 @@ def _chunk_density(X, w, W, write_resp: bool):
     phi_hi, phi_lo, s = split_features(X, F_pad)
     w_hi, w_lo, inv_scale, bias = split_weights(W, s, K)
     lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
-                          write_resp=write_resp)
+                          write_resp=write_resp, staged=staged)
     return lse[:n], resp, (phi_hi, phi_lo), s
 
 
@@ -267,7 +284,8 @@ def _checked_weights(X, params: MixtureParams):
     return quadratic_weights(params).astype(jnp.float32)
 
 
-def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK):
+def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
+             staged: bool = STAGED_STORES):
     """(n,) log p(x_i) from the density kernel at "f16x3" (no responsibilities written).
 
     Args:
@@ -275,17 +293,18 @@ def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK):
             |x|^2 |Lambda| eps).
         params: :class:`MixtureParams`, m <= :data:`MAX_COMPONENTS`.
         rows_per_chunk: rows per pass.
+        staged: outputs through shared memory and TMA (else stored from registers).
     """
     W = _checked_weights(X, params)
 
     def chunk(Xc, wc):
-        return (), _chunk_density(Xc, wc, W, write_resp=False)[0]
+        return (), _chunk_density(Xc, wc, W, write_resp=False, staged=staged)[0]
 
     return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, None)))[1]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *,
-               rows_per_chunk: int = ROWS_PER_CHUNK) -> SuffStats:
+               rows_per_chunk: int = ROWS_PER_CHUNK, staged: bool = STAGED_STORES) -> SuffStats:
     """Fused E-step statistics at precision "f16x3" (float32 X, m <= 256, p <= 32).
 
     Args:
@@ -293,6 +312,7 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
         params: :class:`MixtureParams`, any covariance type.
         sample_weight: optional (n,) non-negative row weights (default 1).
         rows_per_chunk: rows per pass (memory O(chunk m)).
+        staged: outputs through shared memory and TMA (else stored from registers).
 
     Returns:
         :class:`SuffStats` (float32), moments about the origin.
@@ -301,8 +321,8 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
     F, m = W.shape
 
     def chunk(Xc, wc):
-        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True)
-        T = _stats(resp[0], resp[1], *phi, resp[2])
+        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True, staged=staged)
+        T = _stats(resp[0], resp[1], *phi, resp[2], staged=staged)
         return (T[:m, :F] / s[None, :F], jnp.sum(wc * lse)),
 
     T, loglik = over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, sample_weight)))[0]

@@ -62,8 +62,9 @@ MAX_PIECES = 2048
 
 # Shared memory of one CTA on sm_90 (227 KB).
 _SMEM_BYTES = 232448
-# Default (block_rows, CTAs per SM, pipeline depth, sub_rows).
-_DEFAULT_LAUNCH = (64, 2, 2, 8)
+# Default (block_rows, CTAs per SM, pipeline depth, sub_rows, vec): the fastest guided
+# launch of the benchmark's sweep (benchmarks/results/nvidia-h200/probes/mosaic_gpu.md).
+_DEFAULT_LAUNCH = (16, 4, 4, 8, 1)
 
 
 def _align(n: int) -> int:
@@ -215,14 +216,14 @@ def evaluate_points(x, params, gather, *, lookup_kind: str, offsets: tuple, num_
 
 
 def _kernel(x_gmem, table_gmem, o_gmem, table, barrier, *, block_rows: int, per_cta: int,
-            depth: int, sub_rows: int, **settings):
+            depth: int, sub_rows: int, vec: int, **settings):
     plgpu.copy_gmem_to_smem(table_gmem, table, barrier)
     plgpu.barrier_wait(barrier)
     params = tuple(table[0, k] for k in range(_PARAMS))
     cta = jax.lax.axis_index("cta")
     # sub_rows rows of a tile at a time: sub_rows points a thread, so the values of a
     # point's lookup chain stay in registers
-    layout = plgpu.Layout.WG_STRIDED((sub_rows, LANES), vec_size=1)
+    layout = plgpu.Layout.WG_STRIDED((sub_rows, LANES), vec_size=vec)
 
     def gather(index, **row):
         return lookup(table, index, layout, **row)
@@ -243,12 +244,12 @@ def _kernel(x_gmem, table_gmem, o_gmem, table, barrier, *, block_rows: int, per_
 
 @functools.partial(jax.jit, static_argnames=(
     "lookup_kind", "num_pieces", "degree", "buckets", "extrapolate", "block_rows",
-    "ctas_per_sm", "depth", "sub_rows"))
+    "ctas_per_sm", "depth", "sub_rows", "vec"))
 def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_pieces: int,
                       degree: int, buckets: int = 0,
                       extrapolate: str = "extend", block_rows: int | None = None,
                       ctas_per_sm: int | None = None, depth: int | None = None,
-                      sub_rows: int | None = None) -> jax.Array:
+                      sub_rows: int | None = None, vec: int | None = None) -> jax.Array:
     """p(x) for float32 x (n,), n a multiple of 128, from :func:`pack_tables`' table.
 
     Args:
@@ -265,6 +266,8 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
             table; the hardware schedules them).
         depth: TMA pipeline depth (tiles in flight).
         sub_rows: rows evaluated at a time inside a tile (a divisor of block_rows).
+        vec: consecutive points a thread holds (1, 2 or 4; its x and y move in
+            ``4 * vec``-byte shared-memory accesses).
 
     Returns:
         (n,) float32.
@@ -285,6 +288,9 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
     ctas_per_sm = _DEFAULT_LAUNCH[1] if ctas_per_sm is None else ctas_per_sm
     depth = depth or _DEFAULT_LAUNCH[2]
     sub_rows = min(sub_rows or _DEFAULT_LAUNCH[3], block_rows)
+    vec = vec or _DEFAULT_LAUNCH[4]
+    if vec not in (1, 2, 4):
+        raise ValueError(f"vec must be 1, 2 or 4, got {vec}")
     if block_rows % sub_rows:
         raise ValueError(f"sub_rows={sub_rows} must divide block_rows={block_rows}")
     smem = 4 * (table.size + 2 * depth * block_rows * LANES)  # table, x and y tiles
@@ -300,7 +306,7 @@ def ppoly_eval_mosaic(table: jax.Array, x: jax.Array, *, lookup_kind: str, num_p
     per_cta = pl.cdiv(tiles, ctas)
     ctas = pl.cdiv(tiles, per_cta)
     kernel = functools.partial(
-        _kernel, block_rows=block_rows, per_cta=per_cta, depth=depth, sub_rows=sub_rows,
+        _kernel, block_rows=block_rows, per_cta=per_cta, depth=depth, sub_rows=sub_rows, vec=vec,
         lookup_kind=lookup_kind,
         offsets=offsets, num_pieces=num_pieces, degree=degree, width=width, buckets=buckets,
         extrapolate=extrapolate)
