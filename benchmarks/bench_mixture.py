@@ -358,9 +358,10 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
                                                  "staged_stores": staged}, one)
 
 
-def mosaic_cases(rec):
+def mosaic_cases(rec, check_errors: bool = True):
     """The Mosaic GPU E-step beside the XLA baseline and the Triton E-step at n = 1e6
-    (float32), and every float32 path's per-point log-likelihood error vs float64."""
+    (float32), and (``check_errors``) every float32 path's per-point log-likelihood
+    error vs float64."""
     with x64_for(jnp.float32):
         X, params = make_problem(N, P, K)
         shape = (N, P, K)
@@ -372,8 +373,9 @@ def mosaic_cases(rec):
             bench_mosaic_em(rec, X, params, xla_t, want)
         else:
             print(f"Mosaic GPU cases skipped: they need {mosaic_unavailable_reason()}")
-        print("per-point log-likelihood max |error| vs float64:",
-              check_precision_vs_float64(rec, X, params), flush=True)
+        if check_errors:
+            print("per-point log-likelihood max |error| vs float64:",
+                  check_precision_vs_float64(rec, X, params), flush=True)
 
 
 def bench_xla_em(rec, X, params):
