@@ -331,31 +331,36 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
     from gpustat.pallas import _mosaic_mixture as mosaic_mixture
 
     n, p = X.shape
-    for staged in (True, False):
-        def step(X, params, staged=staged):
-            stats = mosaic_mixture.suff_stats(X, params, staged=staged)
+    for staged, whole in ((True, False), (False, False), (False, True)):
+        def step(X, params, staged=staged, whole=whole):
+            stats = mosaic_mixture.suff_stats(X, params, staged=staged, whole_features=whole)
             return m_step(stats, reg_covar=1e-6), stats.loglik
 
-        def one(step=step, staged=staged):
+        def one(step=step, staged=staged, whole=whole):
             step = jax.jit(step)
-            check_close(f"loglik f16x3 mosaic staged={staged}", step(X, params)[1], want,
-                        rtol=1e-4)
+            check_close(f"loglik f16x3 mosaic staged={staged} whole={whole}",
+                        step(X, params)[1], want, rtol=1e-4)
             t = time_fn(step, [(X, params)])
             rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic",
                        timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
                        extra={"precision": "f16x3", "staged_stores": staged,
+                              "whole_features": whole,
                               "speedup_vs_xla": xla_t.median_ms / t.median_ms,
                               "flop": 2 * n * K * 2 * n_features(p)})
-            print(f"em_iteration f16x3 (mosaic, staged={staged}): {t.median_ms:.2f} ms "
+            print(f"em_iteration f16x3 (mosaic, staged={staged}, whole={whole}): "
+                  f"{t.median_ms:.2f} ms "
                   f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
-            density = jax.jit(functools.partial(mosaic_mixture.log_prob, staged=staged))
+            density = jax.jit(functools.partial(mosaic_mixture.log_prob, staged=staged,
+                                                whole_features=whole))
             t = time_fn(density, [(X, params)])
             rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic",
                        timing=t, items=n, item_name="rows",
-                       extra={"precision": "f16x3", "staged_stores": staged})
+                       extra={"precision": "f16x3", "staged_stores": staged,
+                              "whole_features": whole})
 
         guarded(rec, "em_iteration", (n, p, K), {"precision": "f16x3", "backend": "mosaic",
-                                                 "staged_stores": staged}, one)
+                                                 "staged_stores": staged,
+                                                 "whole_features": whole}, one)
 
 
 def mosaic_cases(rec, check_errors: bool = True):

@@ -54,6 +54,12 @@ _PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4,
 # outputs through shared memory and TMA (True) or stored from registers (False: less
 # shared memory a CTA, so more CTAs an SM)
 STAGED_STORES = True
+# the density kernel copies a 64-row tile's whole operands at once (True; one TMA wait a
+# CTA, W's 2 x F x K float16 in shared memory) or streams 32-feature slices (False)
+WHOLE_FEATURES = False
+# shared memory for a CTA's operand buffers (227 KB on sm_90, less a margin for the small
+# vectors and the reduction scratch)
+_SMEM_BUDGET = 220 * 1024
 
 
 def supports(dtype, n_features_: int, n_components: int) -> str:
@@ -96,7 +102,7 @@ def _ceil_log2(v):
 def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
                     lse_g, r_hi_g, r_lo_g, r_exp_g,
                     vec_smem, weight_smem, lse_smem, r_exp_smem, barriers, *r_smem,
-                    features: int, components: int, write_resp: bool):
+                    features: int, components: int, write_resp: bool, step_features: int):
     tile = jax.lax.axis_index("tile")
     rows = pl.ds(tile * BLOCK_M, BLOCK_M)
     plgpu.copy_gmem_to_smem(inv_scale_g, vec_smem.at[0], barriers.at[0])
@@ -110,13 +116,14 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
             plgpu.wgmma(acc_ref, a_hi, b_hi)
             plgpu.wgmma_wait(0)
 
-        phi_spec = plgpu.BlockSpec((BLOCK_M, BLOCK_F), lambda f: (tile, f),
+        phi_spec = plgpu.BlockSpec((BLOCK_M, step_features), lambda f: (tile, f),
                                    transforms=_F16_TRANSFORMS)
-        w_spec = plgpu.BlockSpec((BLOCK_F, components), lambda f: (f, 0),
+        w_spec = plgpu.BlockSpec((step_features, components), lambda f: (f, 0),
                                  transforms=_F16_TRANSFORMS)
-        plgpu.emit_pipeline(step, grid=(features // BLOCK_F,),
+        steps = features // step_features
+        plgpu.emit_pipeline(step, grid=(steps,),
                             in_specs=[phi_spec, phi_spec, w_spec, w_spec],
-                            max_concurrent_steps=_DEPTH)(phi_hi, phi_lo, w_hi, w_lo)
+                            max_concurrent_steps=min(_DEPTH, steps))(phi_hi, phi_lo, w_hi, w_lo)
         return acc_ref[...]
 
     acc = pl.run_scoped(products, plgpu.ACC((BLOCK_M, components), jnp.float32))
@@ -156,12 +163,13 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("write_resp", "staged"))
+@functools.partial(jax.jit, static_argnames=("write_resp", "staged", "step_features"))
 def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp: bool = True,
-             staged: bool = STAGED_STORES):
+             staged: bool = STAGED_STORES, step_features: int = BLOCK_F):
     """log p(x) (n,) and, with ``write_resp``, R hi, lo (n, K) float16 and the blocks'
     exponents (blocks, K); ``staged``: R goes through shared memory and TMA, else it is
-    stored from registers."""
+    stored from registers; ``step_features``: features a pipeline step brings in (a
+    multiple of BLOCK_F dividing F; F: one step, the tile's whole operands at once)."""
     n, features = phi_hi.shape
     components = w_hi.shape[1]
     blocks = pl.cdiv(n, BLOCK_M)
@@ -170,8 +178,18 @@ def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp:
            jax.ShapeDtypeStruct((resp_rows, components), jnp.float16),
            jax.ShapeDtypeStruct((resp_rows, components), jnp.float16),
            jax.ShapeDtypeStruct((blocks if write_resp else 1, components), jnp.float32))
+    if features % step_features or step_features % BLOCK_F:
+        raise ValueError(f"step_features={step_features} must be a multiple of {BLOCK_F} "
+                         f"dividing F={features}")
+    depth = min(_DEPTH, features // step_features)
+    smem = (depth * 4 * step_features * (BLOCK_M + components)  # Phi and W hi, lo slices
+            + 4 * BLOCK_M * components * (write_resp and staged))  # R hi, lo staging
+    if smem > _SMEM_BUDGET:
+        raise ValueError(f"the density kernel needs {smem} bytes of shared memory with "
+                         f"step_features={step_features}, staged={staged} (F={features}, "
+                         f"K={components}), more than {_SMEM_BUDGET}")
     kernel = functools.partial(_density_kernel, features=features, components=components,
-                               write_resp=write_resp)
+                               write_resp=write_resp, step_features=step_features)
     r_smem = [plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS)] * (
         2 if write_resp and staged else 0)
     return plgpu.kernel(
@@ -263,7 +281,7 @@ def _padded_sizes(p: int, m: int) -> tuple[int, int]:
     return -(-n_features(p) // BLOCK_F) * BLOCK_F, max(64, next_pow2(m))
 
 
-def _chunk_density(X, w, W, write_resp: bool, staged: bool):
+def _chunk_density(X, w, W, write_resp: bool, staged: bool, whole_features: bool):
     """(log p(x) (n,), [R hi, R lo, exponents], (Phi hi, Phi lo), s) of one chunk, the
     rows padded to BLOCK_M with zero-weight rows (TMA tiles need whole 8-row tiles)."""
     n = X.shape[0]
@@ -273,7 +291,8 @@ def _chunk_density(X, w, W, write_resp: bool, staged: bool):
     phi_hi, phi_lo, s = split_features(X, F_pad)
     w_hi, w_lo, inv_scale, bias = split_weights(W, s, K)
     lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
-                          write_resp=write_resp, staged=staged)
+                          write_resp=write_resp, staged=staged,
+                          step_features=F_pad if whole_features else BLOCK_F)
     return lse[:n], resp, (phi_hi, phi_lo), s
 
 
@@ -285,7 +304,7 @@ def _checked_weights(X, params: MixtureParams):
 
 
 def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
-             staged: bool = STAGED_STORES):
+             staged: bool = STAGED_STORES, whole_features: bool = WHOLE_FEATURES):
     """(n,) log p(x_i) from the density kernel at "f16x3" (no responsibilities written).
 
     Args:
@@ -294,17 +313,21 @@ def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
         params: :class:`MixtureParams`, m <= :data:`MAX_COMPONENTS`.
         rows_per_chunk: rows per pass.
         staged: outputs through shared memory and TMA (else stored from registers).
+        whole_features: the density kernel copies a tile's whole operands at once
+            (else 32-feature slices through a two-deep pipeline).
     """
     W = _checked_weights(X, params)
 
     def chunk(Xc, wc):
-        return (), _chunk_density(Xc, wc, W, write_resp=False, staged=staged)[0]
+        return (), _chunk_density(Xc, wc, W, write_resp=False, staged=staged,
+                                  whole_features=whole_features)[0]
 
     return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, None)))[1]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *,
-               rows_per_chunk: int = ROWS_PER_CHUNK, staged: bool = STAGED_STORES) -> SuffStats:
+               rows_per_chunk: int = ROWS_PER_CHUNK, staged: bool = STAGED_STORES,
+               whole_features: bool = WHOLE_FEATURES) -> SuffStats:
     """Fused E-step statistics at precision "f16x3" (float32 X, m <= 256, p <= 32).
 
     Args:
@@ -313,6 +336,7 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
         sample_weight: optional (n,) non-negative row weights (default 1).
         rows_per_chunk: rows per pass (memory O(chunk m)).
         staged: outputs through shared memory and TMA (else stored from registers).
+        whole_features: see :func:`log_prob`.
 
     Returns:
         :class:`SuffStats` (float32), moments about the origin.
@@ -321,7 +345,8 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
     F, m = W.shape
 
     def chunk(Xc, wc):
-        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True, staged=staged)
+        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True, staged=staged,
+                                           whole_features=whole_features)
         T = _stats(resp[0], resp[1], *phi, resp[2], staged=staged)
         return (T[:m, :F] / s[None, :F], jnp.sum(wc * lse)),
 

@@ -51,7 +51,7 @@ def assert_stats_close(got, want, rtol):
 
 
 def density_twin(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp=True,
-                 staged=True):
+                 staged=True, step_features=None):
     """The density kernel's contract in jnp: three products, log p(x), R scaled per
     (64-row block, component) to <= 2^SPLIT_EXP and split, the blocks' exponents."""
     f32 = jnp.float32
@@ -89,13 +89,15 @@ def test_host_side_with_kernel_twins_matches_float64(monkeypatch):
     assert_stats_close(got, float64_stats(X64, params64, w), rtol=2e-5)
 
 
-@pytest.mark.parametrize("n_features, n_components, staged", [(2, 5, True), (16, 256, False)])
-def test_kernels_lower_for_cuda(n_features, n_components, staged):
+@pytest.mark.parametrize("n_features, n_components, staged, whole",
+                         [(2, 5, True, False), (16, 256, False, True)])
+def test_kernels_lower_for_cuda(n_features, n_components, staged, whole):
     F_pad, K = mm._padded_sizes(n_features, n_components)
     n = 4 * mm.BLOCK_M
     S = jax.ShapeDtypeStruct
     f16, f32 = jnp.float16, jnp.float32
-    assert_lowers_for_cuda(functools.partial(mm._density, staged=staged),
+    assert_lowers_for_cuda(functools.partial(mm._density, staged=staged,
+                                             step_features=F_pad if whole else mm.BLOCK_F),
                            (S((n, F_pad), f16), S((n, F_pad), f16),
                                          S((F_pad, K), f16), S((F_pad, K), f16), S((K,), f32),
                                          S((K,), f32), S((n,), f32)), calls=("mosaic_gpu",))
