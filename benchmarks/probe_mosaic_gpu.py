@@ -359,8 +359,9 @@ def _emit_pipeline_copy(cfg):
 
 @probe("emit_pipeline_ws_copy_f32")
 def _emit_pipeline_ws_copy(cfg):
-    """Warp specialisation: one memory warpgroup issues the TMA copies, one computes."""
-    n, cols, block_rows, mcs = cfg["n"], 128, 64, 4
+    """Warp specialisation: one memory warpgroup issues the TMA copies, one computes
+    ((32, 128) float32 tiles 4 deep: 128 KB of shared memory)."""
+    n, cols, block_rows, mcs = cfg["n"], 128, 32, 4
     rows = n // cols
     num_sms = cfg["num_sms"]
     per_sm = rows // num_sms // block_rows * block_rows
