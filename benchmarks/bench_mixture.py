@@ -326,11 +326,14 @@ def mosaic_runs() -> bool:
 
 def bench_mosaic_em(rec, X, params, xla_t, want):
     """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline,
-    then its density pass alone (log p(x), no responsibilities written); both with the
-    kernels' outputs staged through shared memory and stored from registers."""
+    then its density pass alone (log p(x), no responsibilities written), for three kernel
+    variants (outputs staged through shared memory or stored from registers; 32-feature
+    slices or whole tiles). Each variant's statistics are checked against the XLA
+    reference's (raw moments of the same centred X)."""
     from gpustat.pallas import _mosaic_mixture as mosaic_mixture
 
     n, p = X.shape
+    expected = jax.jit(ref.suff_stats)(X, params)
     for staged, whole in ((True, False), (False, False), (False, True)):
         def step(X, params, staged=staged, whole=whole):
             stats = mosaic_mixture.suff_stats(X, params, staged=staged, whole_features=whole)
@@ -340,6 +343,12 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
             step = jax.jit(step)
             check_close(f"loglik f16x3 mosaic staged={staged} whole={whole}",
                         step(X, params)[1], want, rtol=1e-4)
+            stats = jax.jit(functools.partial(mosaic_mixture.suff_stats, staged=staged,
+                                              whole_features=whole))(X, params)
+            for name in ("counts", "sum_x", "sum_xx"):
+                got, exp = getattr(stats, name), getattr(expected, name)
+                check_close(f"{name} f16x3 mosaic staged={staged} whole={whole}", got, exp,
+                            rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(exp))))
             t = time_fn(step, [(X, params)])
             rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic",
                        timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
