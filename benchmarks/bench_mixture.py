@@ -371,6 +371,33 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
                                                  "staged_stores": staged,
                                                  "whole_features": whole}, one)
 
+    def pieces():
+        """The default variant's passes timed apart on one chunk: XLA's feature and weight
+        splits, the density kernel writing R, the statistics kernel."""
+        W = quadratic_weights(params).astype(jnp.float32)
+        w = jnp.ones((n,), jnp.float32)
+        prep = jax.jit(lambda X: mosaic_mixture._chunk_density(
+            X, w, W, write_resp=True, staged=mosaic_mixture.STAGED_STORES,
+            whole_features=mosaic_mixture.WHOLE_FEATURES))
+        _, resp, phi, _ = prep(X)
+        F_pad, Kp = mosaic_mixture._padded_sizes(p, params.n_components)
+
+        def splits(X):
+            from gpustat.reference._mixture_split import split_features, split_weights
+            phi_hi, phi_lo, s = split_features(X, F_pad)
+            return phi_hi, phi_lo, split_weights(W, s, Kp)
+
+        stats = jax.jit(mosaic_mixture._stats)
+        for piece, fn, args in (("splits_xla", jax.jit(splits), (X,)),
+                                ("density_with_resp+splits", prep, (X,)),
+                                ("statistics", stats, (*resp[:2], *phi, resp[2]))):
+            t = time_fn(fn, [args])
+            rec.record("em_pieces_mosaic", shape=(n, p, K), dtype="float32", backend="mosaic",
+                       timing=t, items=n, item_name="rows", extra={"piece": piece})
+            print(f"mosaic E-step piece {piece}: {t.median_ms:.3f} ms", flush=True)
+
+    guarded(rec, "em_pieces_mosaic", (n, p, K), {"precision": "f16x3"}, pieces)
+
 
 def mosaic_cases(rec, check_errors: bool = True):
     """The Mosaic GPU E-step beside the XLA baseline and the Triton E-step at n = 1e6
