@@ -326,50 +326,51 @@ def mosaic_runs() -> bool:
 
 def bench_mosaic_em(rec, X, params, xla_t, want):
     """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline,
-    then its density pass alone (log p(x), no responsibilities written), for three kernel
+    then its density pass alone (log p(x), no responsibilities written), for four kernel
     variants (outputs staged through shared memory or stored from registers; 32-feature
-    slices or whole tiles). Each variant's statistics are checked against the XLA
-    reference's (raw moments of the same centred X)."""
+    slices, whole tiles or a W-resident persistent kernel). Each variant's statistics are
+    checked against the XLA reference's (raw moments of the same centred X)."""
     from gpustat.pallas import _mosaic_mixture as mosaic_mixture
 
     n, p = X.shape
     expected = jax.jit(ref.suff_stats)(X, params)
-    for staged, whole in ((True, False), (False, False), (False, True)):
-        def step(X, params, staged=staged, whole=whole):
-            stats = mosaic_mixture.suff_stats(X, params, staged=staged, whole_features=whole)
+    for staged, kernel in ((True, "slices"), (False, "slices"), (False, "whole"),
+                          (False, "resident")):
+        def step(X, params, staged=staged, kernel=kernel):
+            stats = mosaic_mixture.suff_stats(X, params, staged=staged, density=kernel)
             return m_step(stats, reg_covar=1e-6), stats.loglik
 
-        def one(step=step, staged=staged, whole=whole):
+        def one(step=step, staged=staged, kernel=kernel):
             step = jax.jit(step)
-            check_close(f"loglik f16x3 mosaic staged={staged} whole={whole}",
+            check_close(f"loglik f16x3 mosaic staged={staged} density={kernel}",
                         step(X, params)[1], want, rtol=1e-4)
             stats = jax.jit(functools.partial(mosaic_mixture.suff_stats, staged=staged,
-                                              whole_features=whole))(X, params)
+                                              density=kernel))(X, params)
             for name in ("counts", "sum_x", "sum_xx"):
                 got, exp = getattr(stats, name), getattr(expected, name)
-                check_close(f"{name} f16x3 mosaic staged={staged} whole={whole}", got, exp,
+                check_close(f"{name} f16x3 mosaic staged={staged} density={kernel}", got, exp,
                             rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(exp))))
             t = time_fn(step, [(X, params)])
             rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic",
                        timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
                        extra={"precision": "f16x3", "staged_stores": staged,
-                              "whole_features": whole,
+                              "density_kernel": kernel,
                               "speedup_vs_xla": xla_t.median_ms / t.median_ms,
                               "flop": 2 * n * K * 2 * n_features(p)})
-            print(f"em_iteration f16x3 (mosaic, staged={staged}, whole={whole}): "
+            print(f"em_iteration f16x3 (mosaic, staged={staged}, density={kernel}): "
                   f"{t.median_ms:.2f} ms "
                   f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
             density = jax.jit(functools.partial(mosaic_mixture.log_prob, staged=staged,
-                                                whole_features=whole))
+                                                density=kernel))
             t = time_fn(density, [(X, params)])
             rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic",
                        timing=t, items=n, item_name="rows",
                        extra={"precision": "f16x3", "staged_stores": staged,
-                              "whole_features": whole})
+                              "density_kernel": kernel})
 
         guarded(rec, "em_iteration", (n, p, K), {"precision": "f16x3", "backend": "mosaic",
                                                  "staged_stores": staged,
-                                                 "whole_features": whole}, one)
+                                                 "density_kernel": kernel}, one)
 
     def pieces():
         """The default variant's passes timed apart on one chunk: XLA's feature and weight
@@ -378,7 +379,7 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
         w = jnp.ones((n,), jnp.float32)
         prep = jax.jit(lambda X: mosaic_mixture._chunk_density(
             X, w, W, write_resp=True, staged=mosaic_mixture.STAGED_STORES,
-            whole_features=mosaic_mixture.WHOLE_FEATURES))
+            density=mosaic_mixture.DENSITY))
         _, resp, phi, _ = prep(X)
         F_pad, Kp = mosaic_mixture._padded_sizes(p, params.n_components)
 

@@ -54,9 +54,11 @@ _PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4,
 # outputs through shared memory and TMA (True) or stored from registers (False: less
 # shared memory a CTA, so more CTAs an SM)
 STAGED_STORES = True
-# the density kernel copies a 64-row tile's whole operands at once (True; one TMA wait a
-# CTA, W's 2 x F x K float16 in shared memory) or streams 32-feature slices (False)
-WHOLE_FEATURES = False
+# how the density kernel gets its operands: "slices" (a CTA a 64-row tile, 32-feature
+# slices of Phi and W through a two-deep pipeline), "whole" (a CTA a tile, its whole
+# operands in one copy) or "resident" (persistent CTAs holding W, walking their tiles)
+DENSITY_KERNELS = ("slices", "whole", "resident")
+DENSITY = "slices"
 # shared memory for a CTA's operand buffers (227 KB on sm_90, less a margin for the small
 # vectors and the reduction scratch)
 _SMEM_BUDGET = 220 * 1024
@@ -99,6 +101,29 @@ def _ceil_log2(v):
     return (exponent + ((bits & 0x7FFFFF) != 0).astype(jnp.int32)).astype(jnp.float32)
 
 
+def _epilogue(acc, vec_smem, weight_ref, write_resp: bool):
+    """log p(x) of a tile's rows from its (64, K) logits before scaling and, with
+    ``write_resp``, (R hi, R lo, the tile's per-component exponents)."""
+    per_component = plgpu.Layout.WGMMA.reduce(0)
+    inv_scale = plgpu.load(vec_smem.at[0], layout=per_component, optimized=False)
+    bias = plgpu.load(vec_smem.at[1], layout=per_component, optimized=False)
+    shape = acc.shape
+    logit = acc * _spread(inv_scale, shape, 1) + _spread(bias, shape, 1)
+    top = jnp.max(logit, axis=1)
+    e = jnp.exp(logit - _spread(top, shape, 0))
+    total = jnp.sum(e, axis=1)
+    lse = top + jnp.log(total)
+    if not write_resp:
+        return lse, None
+    weight = plgpu.load(weight_ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    r = e * _spread(weight / total, shape, 0)
+    # per component: the block's column scaled to a maximum <= 2^SPLIT_EXP, then split
+    r_exp = jnp.maximum(_ceil_log2(jnp.max(r, axis=0)), MIN_EXP)
+    scaled = r * _spread(_pow2(SPLIT_EXP - r_exp), shape, 1)
+    hi = scaled.astype(jnp.float16)
+    return lse, (hi, (scaled - hi.astype(jnp.float32)).astype(jnp.float16), r_exp)
+
+
 def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
                     lse_g, r_hi_g, r_lo_g, r_exp_g,
                     vec_smem, weight_smem, lse_smem, r_exp_smem, barriers, *r_smem,
@@ -129,23 +154,10 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
     acc = pl.run_scoped(products, plgpu.ACC((BLOCK_M, components), jnp.float32))
     for i in range(3):
         plgpu.barrier_wait(barriers.at[i])
-    per_component = plgpu.Layout.WGMMA.reduce(0)
-    inv_scale = plgpu.load(vec_smem.at[0], layout=per_component, optimized=False)
-    bias = plgpu.load(vec_smem.at[1], layout=per_component, optimized=False)
-    shape = acc.shape
-    logit = acc * _spread(inv_scale, shape, 1) + _spread(bias, shape, 1)
-    top = jnp.max(logit, axis=1)
-    e = jnp.exp(logit - _spread(top, shape, 0))
-    total = jnp.sum(e, axis=1)
-    lse_smem[...] = top + jnp.log(total)
+    lse, resp = _epilogue(acc, vec_smem, weight_smem, write_resp)
+    lse_smem[...] = lse
     if write_resp:
-        weight = plgpu.load(weight_smem, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-        r = e * _spread(weight / total, shape, 0)
-        # per component: the block's column scaled to a maximum <= 2^SPLIT_EXP, then split
-        r_exp = jnp.maximum(_ceil_log2(jnp.max(r, axis=0)), MIN_EXP)
-        scaled = r * _spread(_pow2(SPLIT_EXP - r_exp), shape, 1)
-        hi = scaled.astype(jnp.float16)
-        lo = (scaled - hi.astype(jnp.float32)).astype(jnp.float16)
+        hi, lo, r_exp = resp
         if r_smem:  # staged in shared memory, written by TMA
             r_smem[0][...] = hi
             r_smem[1][...] = lo
@@ -161,6 +173,87 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
             plgpu.copy_smem_to_gmem(r_smem[1], r_lo_g.at[rows])
         plgpu.copy_smem_to_gmem(r_exp_smem, r_exp_g.at[tile])
     plgpu.wait_smem_to_gmem(0)
+
+
+def _resident_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
+                     lse_g, r_hi_g, r_lo_g, r_exp_g, vec_smem, barriers,
+                     *, features: int, components: int, write_resp: bool, tiles: int,
+                     tiles_per_cta: int):
+    """The density pass with W resident: a persistent CTA copies W's hi and lo once (an
+    index-invariant block of the pipeline) and walks its 64-row tiles; log p(x) and the
+    exponents leave through the pipeline's outputs, R from registers."""
+    cta = jax.lax.axis_index("cta")
+    plgpu.copy_gmem_to_smem(inv_scale_g, vec_smem.at[0], barriers.at[0])
+    plgpu.copy_gmem_to_smem(bias_g, vec_smem.at[1], barriers.at[1])
+    plgpu.barrier_wait(barriers.at[0])
+    plgpu.barrier_wait(barriers.at[1])
+
+    def step(indices, a_hi, a_lo, b_hi, b_lo, weight_tile, lse_tile, r_exp_tile):
+        (t,) = indices
+        tile = cta * tiles_per_cta + t
+
+        def products(acc_ref):
+            plgpu.wgmma(acc_ref, a_lo, b_hi)  # small terms first
+            plgpu.wgmma(acc_ref, a_hi, b_lo)
+            plgpu.wgmma(acc_ref, a_hi, b_hi)
+            return acc_ref[...]
+
+        acc = pl.run_scoped(products, plgpu.ACC((BLOCK_M, components), jnp.float32))
+        lse, resp = _epilogue(acc, vec_smem, weight_tile, write_resp)
+        lse_tile[...] = lse
+        if write_resp:
+            hi, lo, r_exp = resp
+            r_exp_tile.at[0][...] = r_exp
+
+            @pl.when(tile < tiles)  # (tiles past the end: TMA drops their other outputs)
+            def _():
+                rows = pl.ds(tile * BLOCK_M, BLOCK_M)
+                r_hi_g.at[rows][...] = hi
+                r_lo_g.at[rows][...] = lo
+
+    def row_block(shape):
+        return plgpu.BlockSpec(shape, lambda t: (cta * tiles_per_cta + t, *(0,) * (len(shape) - 1)),
+                               transforms=_F16_TRANSFORMS if len(shape) == 2 else ())
+
+    w_spec = plgpu.BlockSpec((features, components), lambda t: (0, 0),
+                             transforms=_F16_TRANSFORMS)
+    plgpu.emit_pipeline(
+        step, grid=(tiles_per_cta,),
+        in_specs=[row_block((BLOCK_M, features)), row_block((BLOCK_M, features)), w_spec,
+                  w_spec, row_block((BLOCK_M,))],
+        out_specs=[row_block((BLOCK_M,)), plgpu.BlockSpec((1, components),
+                                                          lambda t: (cta * tiles_per_cta + t, 0))],
+        max_concurrent_steps=1,
+    )(phi_hi, phi_lo, w_hi, w_lo, weight_g, lse_g, r_exp_g)
+
+
+@functools.partial(jax.jit, static_argnames=("write_resp", "ctas_per_sm"))
+def _density_resident(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *,
+                      write_resp: bool = True, ctas_per_sm: int = 1):
+    """:func:`_density`'s outputs from the W-resident persistent kernel (W's hi and lo,
+    2 F K float16, must fit shared memory beside one 64-row tile: F K <= 40960)."""
+    n, features = phi_hi.shape
+    components = w_hi.shape[1]
+    smem = 4 * features * (components + BLOCK_M)
+    if smem > _SMEM_BUDGET:
+        raise ValueError(f"W-resident density kernel: {smem} bytes of shared memory for "
+                         f"F={features}, K={components}, more than {_SMEM_BUDGET}")
+    tiles = pl.cdiv(n, BLOCK_M)
+    ctas = min(num_sms() * ctas_per_sm, tiles)
+    tiles_per_cta = pl.cdiv(tiles, ctas)
+    ctas = pl.cdiv(tiles, tiles_per_cta)
+    out = (jax.ShapeDtypeStruct((n,), jnp.float32),
+           jax.ShapeDtypeStruct((n if write_resp else BLOCK_M, components), jnp.float16),
+           jax.ShapeDtypeStruct((n if write_resp else BLOCK_M, components), jnp.float16),
+           jax.ShapeDtypeStruct((tiles, components), jnp.float32))
+    kernel = functools.partial(_resident_kernel, features=features, components=components,
+                               write_resp=write_resp, tiles=tiles, tiles_per_cta=tiles_per_cta)
+    return plgpu.kernel(
+        kernel, out_type=out, grid=(ctas,), grid_names=("cta",),
+        scratch_types=[plgpu.SMEM((2, components), jnp.float32),
+                       plgpu.Barrier(num_barriers=2)],
+        compiler_params=_PARAMS,
+    )(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight)
 
 
 @functools.partial(jax.jit, static_argnames=("write_resp", "staged", "step_features"))
@@ -281,7 +374,7 @@ def _padded_sizes(p: int, m: int) -> tuple[int, int]:
     return -(-n_features(p) // BLOCK_F) * BLOCK_F, max(64, next_pow2(m))
 
 
-def _chunk_density(X, w, W, write_resp: bool, staged: bool, whole_features: bool):
+def _chunk_density(X, w, W, write_resp: bool, staged: bool, density: str):
     """(log p(x) (n,), [R hi, R lo, exponents], (Phi hi, Phi lo), s) of one chunk, the
     rows padded to BLOCK_M with zero-weight rows (TMA tiles need whole 8-row tiles)."""
     n = X.shape[0]
@@ -290,9 +383,15 @@ def _chunk_density(X, w, W, write_resp: bool, staged: bool, whole_features: bool
     X, w = jnp.pad(X, ((0, pad), (0, 0))), jnp.pad(w, (0, pad))
     phi_hi, phi_lo, s = split_features(X, F_pad)
     w_hi, w_lo, inv_scale, bias = split_weights(W, s, K)
-    lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
-                          write_resp=write_resp, staged=staged,
-                          step_features=F_pad if whole_features else BLOCK_F)
+    if density not in DENSITY_KERNELS:
+        raise ValueError(f"density must be one of {DENSITY_KERNELS}, got {density!r}")
+    if density == "resident":
+        lse, *resp = _density_resident(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
+                                       write_resp=write_resp)
+    else:
+        lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
+                              write_resp=write_resp, staged=staged,
+                              step_features=F_pad if density == "whole" else BLOCK_F)
     return lse[:n], resp, (phi_hi, phi_lo), s
 
 
@@ -304,7 +403,7 @@ def _checked_weights(X, params: MixtureParams):
 
 
 def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
-             staged: bool = STAGED_STORES, whole_features: bool = WHOLE_FEATURES):
+             staged: bool = STAGED_STORES, density: str = DENSITY):
     """(n,) log p(x_i) from the density kernel at "f16x3" (no responsibilities written).
 
     Args:
@@ -313,21 +412,20 @@ def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
         params: :class:`MixtureParams`, m <= :data:`MAX_COMPONENTS`.
         rows_per_chunk: rows per pass.
         staged: outputs through shared memory and TMA (else stored from registers).
-        whole_features: the density kernel copies a tile's whole operands at once
-            (else 32-feature slices through a two-deep pipeline).
+        density: the density kernel, one of :data:`DENSITY_KERNELS`.
     """
     W = _checked_weights(X, params)
 
     def chunk(Xc, wc):
         return (), _chunk_density(Xc, wc, W, write_resp=False, staged=staged,
-                                  whole_features=whole_features)[0]
+                                  density=density)[0]
 
     return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, None)))[1]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *,
                rows_per_chunk: int = ROWS_PER_CHUNK, staged: bool = STAGED_STORES,
-               whole_features: bool = WHOLE_FEATURES) -> SuffStats:
+               density: str = DENSITY) -> SuffStats:
     """Fused E-step statistics at precision "f16x3" (float32 X, m <= 256, p <= 32).
 
     Args:
@@ -336,7 +434,7 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
         sample_weight: optional (n,) non-negative row weights (default 1).
         rows_per_chunk: rows per pass (memory O(chunk m)).
         staged: outputs through shared memory and TMA (else stored from registers).
-        whole_features: see :func:`log_prob`.
+        density: the density kernel, one of :data:`DENSITY_KERNELS`.
 
     Returns:
         :class:`SuffStats` (float32), moments about the origin.
@@ -346,7 +444,7 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
 
     def chunk(Xc, wc):
         lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True, staged=staged,
-                                           whole_features=whole_features)
+                                           density=density)
         T = _stats(resp[0], resp[1], *phi, resp[2], staged=staged)
         return (T[:m, :F] / s[None, :F], jnp.sum(wc * lse)),
 

@@ -101,6 +101,11 @@ def test_kernels_lower_for_cuda(n_features, n_components, staged, whole):
                            (S((n, F_pad), f16), S((n, F_pad), f16),
                                          S((F_pad, K), f16), S((F_pad, K), f16), S((K,), f32),
                                          S((K,), f32), S((n,), f32)), calls=("mosaic_gpu",))
+    if whole:  # the W-resident persistent kernel fits F K <= 40960
+        assert_lowers_for_cuda(mm._density_resident,
+                               (S((n, F_pad), f16), S((n, F_pad), f16), S((F_pad, K), f16),
+                                S((F_pad, K), f16), S((K,), f32), S((K,), f32), S((n,), f32)),
+                               calls=("mosaic_gpu",))
     assert_lowers_for_cuda(functools.partial(mm._stats, staged=staged),
                            (S((n, K), f16), S((n, K), f16), S((n, F_pad), f16),
                             S((n, F_pad), f16), S((4, K), f32)), calls=("mosaic_gpu",))
