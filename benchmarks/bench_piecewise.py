@@ -11,7 +11,7 @@ Acceptance cases (``--quick``), all P = 256 pieces, D = 3:
 * the PyTorch way (``torch.bucketize`` + gather + Horner) on the same GPU, both sizes;
 * the Mosaic GPU kernel (sm_90+, :func:`mosaic_cases`): N = 2^26 float32, guided,
   searched and uniform lookups and a launch sweep, beside ``backend="auto"``,
-  ``"triton"`` and ``"pallas"`` through the public call.
+  ``"triton"`` through the public call.
 
 Without a CUDA GPU the script runs tiny sizes in interpret mode (a smoke test).
 """
@@ -201,7 +201,7 @@ def mosaic_cases(rec: Recorder) -> None:
                                       "depth": depth, "sub_rows": sub_rows, "vec": vec,
                                       "lookup": kind,
                                       "max_rel_error": err})
-            backends = ["auto", "mosaic", "pallas"] + (["triton"] if triton_installed() else [])
+            backends = ["auto", "mosaic"] + (["triton"] if triton_installed() else [])
             for backend in backends:  # the public call inside jit (constant pp)
                 fn = jax.jit(lambda v, pp=pp, b=backend: pp(v, backend=b))
                 name = f"{'uniform' if uniform else 'search'}_f32_N2^26/public_{backend}"
