@@ -10,7 +10,7 @@ Acceptance cases (``--quick``), all P = 256 pieces, D = 3:
 * N = 2^26 bfloat16 (4 B/point) and float64 (16 B/point): fraction of copy bandwidth;
 * the PyTorch way (``torch.bucketize`` + gather + Horner) on the same GPU, both sizes;
 * the Mosaic GPU kernel (sm_90+, :func:`mosaic_cases`): N = 2^26 float32, guided,
-  searched and uniform lookups and a launch sweep, beside ``backend="auto"``,
+  searched and uniform lookups and a launch sweep, beside ``backend="auto"`` and
   ``"triton"`` through the public call.
 
 Without a CUDA GPU the script runs tiny sizes in interpret mode (a smoke test).
