@@ -9,11 +9,14 @@ the tensor cores with float32 accumulation.
 
 Two kernels per chunk of rows:
 
-* density (one CTA per 64 rows, every component at once): a TMA pipeline over
-  32-feature slices of Phi and W feeds three ``wgmma`` a slice into a (64, K)
-  float32 accumulator; the epilogue in registers writes log p(x), the
-  responsibilities scaled per (64-row block, component) to a maximum <= 2^14 and
-  split into float16 hi and lo, and the blocks' exponents;
+* density (every component at once for 64 rows): three ``wgmma`` a slice of
+  features into a (64, K) float32 accumulator; the epilogue in registers writes
+  log p(x), the responsibilities scaled per (64-row block, component) to a maximum
+  <= 2^14 and split into float16 hi and lo, and the blocks' exponents. Three ways to
+  feed it (:data:`DENSITY_KERNELS`): one CTA a tile with a TMA pipeline over
+  32-feature slices of Phi and W ("slices"), one CTA a tile with its whole operands
+  in one copy ("whole"), or persistent CTAs that copy W once and walk their tiles
+  ("resident");
 * statistics (grid: 32-feature slice, row range): a TMA pipeline over 64-row tiles
   of R and Phi; R^T Phi of a tile is three ``wgmma`` with R read transposed from
   shared memory into a (K, 32) accumulator, which is rescaled like flash attention
