@@ -177,10 +177,12 @@ def mosaic_cases(rec: Recorder) -> None:
             guide = None if uniform else guide_tables(bp)
             lookups = {"uniform": (None, None)} if uniform else {"search": (None, None)}
             if guide is not None:
-                lookups["guided"] = (guide, side_rows(guide[2], rows, DEGREE))
+                sides = side_rows(guide[2], rows, DEGREE)
+                lookups["guided"] = lookups["bucketed"] = (guide, sides)
             for kind, (g, sides) in lookups.items():
-                table = pack_tables(keys, rows, params, g, sides)
-                launches = MOSAIC_LAUNCHES[:{"guided": None, "search": 2, "uniform": 1}[kind]]
+                table = pack_tables(keys, rows, params, g, sides, bucketed=kind == "bucketed")
+                launches = MOSAIC_LAUNCHES[:{"guided": None, "bucketed": 4, "search": 2,
+                                             "uniform": 1}[kind]]
                 for block_rows, ctas, depth, sub_rows, vec in launches:
                     fn = jax.jit(functools.partial(
                         ppoly_eval_mosaic, table, lookup_kind=kind, num_pieces=NUM_PIECES,
