@@ -56,6 +56,7 @@ from gpustat.mixture import (
 from gpustat.pallas import mixture as kernels
 from gpustat.pallas.mixture import LABEL_BLOCKS
 from gpustat.reference import mixture as ref
+from gpustat.reference._mixture_split import split_features, split_weights
 from gpustat.reference.mixture import (
     n_features,
     quadratic_features,
@@ -325,79 +326,56 @@ def mosaic_runs() -> bool:
 
 
 def bench_mosaic_em(rec, X, params, xla_t, want):
-    """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline,
-    then its density pass alone (log p(x), no responsibilities written), for four kernel
-    variants (outputs staged through shared memory or stored from registers; 32-feature
-    slices, whole tiles or a W-resident persistent kernel). Each variant's statistics are
-    checked against the XLA reference's (raw moments of the same centred X)."""
+    """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline
+    (its statistics checked against the XLA reference's first), its density pass alone
+    (log p(x), no responsibilities written) and its passes timed apart."""
     from gpustat.pallas import _mosaic_mixture as mosaic_mixture
 
     n, p = X.shape
+    stats = jax.jit(mosaic_mixture.suff_stats)(X, params)
     expected = jax.jit(ref.suff_stats)(X, params)
-    for staged, kernel in ((True, "slices"), (False, "slices"), (False, "whole"),
-                          (False, "resident")):
-        def step(X, params, staged=staged, kernel=kernel):
-            stats = mosaic_mixture.suff_stats(X, params, staged=staged, density=kernel)
-            return m_step(stats, reg_covar=1e-6), stats.loglik
+    for name in ("counts", "sum_x", "sum_xx"):
+        exp = getattr(expected, name)
+        check_close(f"{name} f16x3 mosaic", getattr(stats, name), exp, rtol=1e-4,
+                    atol=1e-4 * float(jnp.max(jnp.abs(exp))))
 
-        def one(step=step, staged=staged, kernel=kernel):
-            step = jax.jit(step)
-            check_close(f"loglik f16x3 mosaic staged={staged} density={kernel}",
-                        step(X, params)[1], want, rtol=1e-4)
-            stats = jax.jit(functools.partial(mosaic_mixture.suff_stats, staged=staged,
-                                              density=kernel))(X, params)
-            for name in ("counts", "sum_x", "sum_xx"):
-                got, exp = getattr(stats, name), getattr(expected, name)
-                check_close(f"{name} f16x3 mosaic staged={staged} density={kernel}", got, exp,
-                            rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(exp))))
-            t = time_fn(step, [(X, params)])
-            rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic",
-                       timing=t, items=n, item_name="rows", baseline="xla_quadratic_gemm",
-                       extra={"precision": "f16x3", "staged_stores": staged,
-                              "density_kernel": kernel,
-                              "speedup_vs_xla": xla_t.median_ms / t.median_ms,
-                              "flop": 2 * n * K * 2 * n_features(p)})
-            print(f"em_iteration f16x3 (mosaic, staged={staged}, density={kernel}): "
-                  f"{t.median_ms:.2f} ms "
-                  f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
-            density = jax.jit(functools.partial(mosaic_mixture.log_prob, staged=staged,
-                                                density=kernel))
-            t = time_fn(density, [(X, params)])
-            rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic",
-                       timing=t, items=n, item_name="rows",
-                       extra={"precision": "f16x3", "staged_stores": staged,
-                              "density_kernel": kernel})
+    def step(X, params):
+        stats = mosaic_mixture.suff_stats(X, params)
+        return m_step(stats, reg_covar=1e-6), stats.loglik
 
-        guarded(rec, "em_iteration", (n, p, K), {"precision": "f16x3", "backend": "mosaic",
-                                                 "staged_stores": staged,
-                                                 "density_kernel": kernel}, one)
+    step = jax.jit(step)
+    check_close("loglik f16x3 mosaic", step(X, params)[1], want, rtol=1e-4)
+    t = time_fn(step, [(X, params)])
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", baseline="xla_quadratic_gemm",
+               extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
+                      "flop": 2 * n * K * 2 * n_features(p)})
+    print(f"em_iteration f16x3 (mosaic): {t.median_ms:.2f} ms "
+          f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    density = jax.jit(mosaic_mixture.log_prob)
+    t = time_fn(density, [(X, params)])
+    rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", extra={"precision": "f16x3"})
 
-    def pieces():
-        """The default variant's passes timed apart on one chunk: XLA's feature and weight
-        splits, the density kernel writing R, the statistics kernel."""
-        W = quadratic_weights(params).astype(jnp.float32)
-        w = jnp.ones((n,), jnp.float32)
-        prep = jax.jit(lambda X: mosaic_mixture._chunk_density(
-            X, w, W, write_resp=True, staged=mosaic_mixture.STAGED_STORES,
-            density=mosaic_mixture.DENSITY))
-        _, resp, phi, _ = prep(X)
-        F_pad, Kp = mosaic_mixture._padded_sizes(p, params.n_components)
+    # the passes of one chunk timed apart: XLA's splits, the density kernel writing R
+    # (with the splits), the statistics kernel
+    W = quadratic_weights(params).astype(jnp.float32)
+    w = jnp.ones((n,), jnp.float32)
+    F_pad, Kp = mosaic_mixture._padded_sizes(p, params.n_components)
 
-        def splits(X):
-            from gpustat.reference._mixture_split import split_features, split_weights
-            phi_hi, phi_lo, s = split_features(X, F_pad)
-            return phi_hi, phi_lo, split_weights(W, s, Kp)
+    def splits(X):
+        phi_hi, phi_lo, s = split_features(X, F_pad)
+        return phi_hi, phi_lo, split_weights(W, s, Kp)
 
-        stats = jax.jit(mosaic_mixture._stats)
-        for piece, fn, args in (("splits_xla", jax.jit(splits), (X,)),
-                                ("density_with_resp+splits", prep, (X,)),
-                                ("statistics", stats, (*resp[:2], *phi, resp[2]))):
-            t = time_fn(fn, [args])
-            rec.record("em_pieces_mosaic", shape=(n, p, K), dtype="float32", backend="mosaic",
-                       timing=t, items=n, item_name="rows", extra={"piece": piece})
-            print(f"mosaic E-step piece {piece}: {t.median_ms:.3f} ms", flush=True)
-
-    guarded(rec, "em_pieces_mosaic", (n, p, K), {"precision": "f16x3"}, pieces)
+    density_resp = jax.jit(lambda X: mosaic_mixture._chunk_density(X, w, W, write_resp=True))
+    _, resp, phi, _ = density_resp(X)
+    for piece, fn, args in (("splits_xla", jax.jit(splits), (X,)),
+                            ("density_with_resp+splits", density_resp, (X,)),
+                            ("statistics", mosaic_mixture._stats, (*resp[:2], *phi, resp[2]))):
+        t = time_fn(fn, [args])
+        rec.record("em_pieces_mosaic", shape=(n, p, K), dtype="float32", backend="mosaic",
+                   timing=t, items=n, item_name="rows", extra={"piece": piece})
+        print(f"mosaic E-step piece {piece}: {t.median_ms:.3f} ms", flush=True)
 
 
 def mosaic_cases(rec, check_errors: bool = True):
@@ -412,7 +390,8 @@ def mosaic_cases(rec, check_errors: bool = True):
             guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
                     lambda: bench_triton_em(rec, X, params, xla_t, want))
         if mosaic_runs():
-            bench_mosaic_em(rec, X, params, xla_t, want)
+            guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                    lambda: bench_mosaic_em(rec, X, params, xla_t, want))
         else:
             print(f"Mosaic GPU cases skipped: they need {mosaic_unavailable_reason()}")
         if check_errors:
@@ -440,7 +419,8 @@ def bench_em(rec, X, params, quick):
         guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
                 lambda: bench_triton_em(rec, X, params, xla_t, want))
     if mosaic_runs():
-        bench_mosaic_em(rec, X, params, xla_t, want)
+        guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                lambda: bench_mosaic_em(rec, X, params, xla_t, want))
     best = {}
 
     def one(precision, density_cfg, stats_cfg, swept, centred=False):

@@ -150,9 +150,8 @@ def xla_fn(pp: PiecewisePolynomial):
 # (block_rows, ctas_per_sm, depth, sub_rows, vec) launches of the Mosaic GPU kernel timed
 # per lookup (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows *
 # 512 bytes of x and y tiles plus the table, at most 227 KB. The guided lookup (concrete
-# breakpoints) takes all, the bucketed one the first four, the searched one the first two,
-# the uniform one the first.
-MOSAIC_LAUNCHES = [(16, 4, 4, 8, 1), (16, 4, 4, 16, 4), (32, 4, 2, 32, 4), (32, 4, 2, 16, 2),
+# breakpoints) takes all, the searched one the first two, the uniform one the first.
+MOSAIC_LAUNCHES = [(32, 4, 2, 32, 4), (16, 4, 4, 16, 4), (32, 4, 2, 16, 2), (16, 4, 4, 8, 1),
                    (16, 6, 2, 16, 4)]
 
 
@@ -178,12 +177,10 @@ def mosaic_cases(rec: Recorder) -> None:
             guide = None if uniform else guide_tables(bp)
             lookups = {"uniform": (None, None)} if uniform else {"search": (None, None)}
             if guide is not None:
-                sides = side_rows(guide[2], rows, DEGREE)
-                lookups["guided"] = lookups["bucketed"] = (guide, sides)
+                lookups["guided"] = (guide, side_rows(guide[2], rows, DEGREE))
             for kind, (g, sides) in lookups.items():
-                table = pack_tables(keys, rows, params, g, sides, bucketed=kind == "bucketed")
-                launches = MOSAIC_LAUNCHES[:{"guided": None, "bucketed": 4, "search": 2,
-                                             "uniform": 1}[kind]]
+                table = pack_tables(keys, rows, params, g, sides)
+                launches = MOSAIC_LAUNCHES[:{"guided": None, "search": 2, "uniform": 1}[kind]]
                 for block_rows, ctas, depth, sub_rows, vec in launches:
                     fn = jax.jit(functools.partial(
                         ppoly_eval_mosaic, table, lookup_kind=kind, num_pieces=NUM_PIECES,

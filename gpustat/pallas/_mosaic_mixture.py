@@ -9,14 +9,11 @@ the tensor cores with float32 accumulation.
 
 Two kernels per chunk of rows:
 
-* density (every component at once for 64 rows): three ``wgmma`` a slice of
-  features into a (64, K) float32 accumulator; the epilogue in registers writes
-  log p(x), the responsibilities scaled per (64-row block, component) to a maximum
-  <= 2^14 and split into float16 hi and lo, and the blocks' exponents. Three ways to
-  feed it (:data:`DENSITY_KERNELS`): one CTA a tile with a TMA pipeline over
-  32-feature slices of Phi and W ("slices"), one CTA a tile with its whole operands
-  in one copy ("whole"), or persistent CTAs that copy W once and walk their tiles
-  ("resident");
+* density (one CTA per 64 rows, every component at once): a TMA pipeline over
+  32-feature slices of Phi and W feeds three ``wgmma`` a slice into a (64, K)
+  float32 accumulator; the epilogue in registers writes log p(x), the
+  responsibilities scaled per (64-row block, component) to a maximum <= 2^14 and
+  split into float16 hi and lo, and the blocks' exponents;
 * statistics (grid: 32-feature slice, row range): a TMA pipeline over 64-row tiles
   of R and Phi; R^T Phi of a tile is three ``wgmma`` with R read transposed from
   shared memory into a (K, 32) accumulator, which is rescaled like flash attention
@@ -51,20 +48,9 @@ ROWS_PER_CHUNK = 1 << 20
 BLOCK_M = 64  # density rows per CTA (= the responsibilities' scaling block)
 BLOCK_F = 32  # features per pipeline step (density) and per statistics CTA
 _DEPTH = 2  # TMA pipeline depth of both kernels
-# scratch of the cross-warp reductions (a (64, 256) tile's column maxima: 4 warps)
-_PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4,
+# scratch of the cross-warp reductions (a (64, 256) tile's column maxima)
+_PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4 * 4,
                                lowering_semantics=plgpu.LoweringSemantics.Lane)
-# outputs through shared memory and TMA (True) or stored from registers (False: less
-# shared memory a CTA, so more CTAs an SM)
-STAGED_STORES = True
-# how the density kernel gets its operands: "slices" (a CTA a 64-row tile, 32-feature
-# slices of Phi and W through a two-deep pipeline), "whole" (a CTA a tile, its whole
-# operands in one copy) or "resident" (persistent CTAs holding W, walking their tiles)
-DENSITY_KERNELS = ("slices", "whole", "resident")
-DENSITY = "slices"
-# shared memory for a CTA's operand buffers (227 KB on sm_90, less a margin for the small
-# vectors and the reduction scratch)
-_SMEM_BUDGET = 220 * 1024
 
 
 def supports(dtype, n_features_: int, n_components: int) -> str:
@@ -104,33 +90,10 @@ def _ceil_log2(v):
     return (exponent + ((bits & 0x7FFFFF) != 0).astype(jnp.int32)).astype(jnp.float32)
 
 
-def _epilogue(acc, vec_smem, weight_ref, write_resp: bool):
-    """log p(x) of a tile's rows from its (64, K) logits before scaling and, with
-    ``write_resp``, (R hi, R lo, the tile's per-component exponents)."""
-    per_component = plgpu.Layout.WGMMA.reduce(0)
-    inv_scale = plgpu.load(vec_smem.at[0], layout=per_component, optimized=False)
-    bias = plgpu.load(vec_smem.at[1], layout=per_component, optimized=False)
-    shape = acc.shape
-    logit = acc * _spread(inv_scale, shape, 1) + _spread(bias, shape, 1)
-    top = jnp.max(logit, axis=1)
-    e = jnp.exp(logit - _spread(top, shape, 0))
-    total = jnp.sum(e, axis=1)
-    lse = top + jnp.log(total)
-    if not write_resp:
-        return lse, None
-    weight = plgpu.load(weight_ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-    r = e * _spread(weight / total, shape, 0)
-    # per component: the block's column scaled to a maximum <= 2^SPLIT_EXP, then split
-    r_exp = jnp.maximum(_ceil_log2(jnp.max(r, axis=0)), MIN_EXP)
-    scaled = r * _spread(_pow2(SPLIT_EXP - r_exp), shape, 1)
-    hi = scaled.astype(jnp.float16)
-    return lse, (hi, (scaled - hi.astype(jnp.float32)).astype(jnp.float16), r_exp)
-
-
 def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
                     lse_g, r_hi_g, r_lo_g, r_exp_g,
-                    vec_smem, weight_smem, lse_smem, r_exp_smem, barriers, *r_smem,
-                    features: int, components: int, write_resp: bool, step_features: int):
+                    vec_smem, weight_smem, lse_smem, r_hi_smem, r_lo_smem, r_exp_smem, barriers,
+                    *, features: int, components: int, write_resp: bool):
     tile = jax.lax.axis_index("tile")
     rows = pl.ds(tile * BLOCK_M, BLOCK_M)
     plgpu.copy_gmem_to_smem(inv_scale_g, vec_smem.at[0], barriers.at[0])
@@ -144,128 +107,50 @@ def _density_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
             plgpu.wgmma(acc_ref, a_hi, b_hi)
             plgpu.wgmma_wait(0)
 
-        phi_spec = plgpu.BlockSpec((BLOCK_M, step_features), lambda f: (tile, f),
+        phi_spec = plgpu.BlockSpec((BLOCK_M, BLOCK_F), lambda f: (tile, f),
                                    transforms=_F16_TRANSFORMS)
-        w_spec = plgpu.BlockSpec((step_features, components), lambda f: (f, 0),
+        w_spec = plgpu.BlockSpec((BLOCK_F, components), lambda f: (f, 0),
                                  transforms=_F16_TRANSFORMS)
-        steps = features // step_features
-        plgpu.emit_pipeline(step, grid=(steps,),
+        plgpu.emit_pipeline(step, grid=(features // BLOCK_F,),
                             in_specs=[phi_spec, phi_spec, w_spec, w_spec],
-                            max_concurrent_steps=min(_DEPTH, steps))(phi_hi, phi_lo, w_hi, w_lo)
+                            max_concurrent_steps=_DEPTH)(phi_hi, phi_lo, w_hi, w_lo)
         return acc_ref[...]
 
     acc = pl.run_scoped(products, plgpu.ACC((BLOCK_M, components), jnp.float32))
     for i in range(3):
         plgpu.barrier_wait(barriers.at[i])
-    lse, resp = _epilogue(acc, vec_smem, weight_smem, write_resp)
-    lse_smem[...] = lse
+    per_component = plgpu.Layout.WGMMA.reduce(0)
+    inv_scale = plgpu.load(vec_smem.at[0], layout=per_component, optimized=False)
+    bias = plgpu.load(vec_smem.at[1], layout=per_component, optimized=False)
+    shape = acc.shape
+    logit = acc * _spread(inv_scale, shape, 1) + _spread(bias, shape, 1)
+    top = jnp.max(logit, axis=1)
+    e = jnp.exp(logit - _spread(top, shape, 0))
+    total = jnp.sum(e, axis=1)
+    lse_smem[...] = top + jnp.log(total)
     if write_resp:
-        hi, lo, r_exp = resp
-        if r_smem:  # staged in shared memory, written by TMA
-            r_smem[0][...] = hi
-            r_smem[1][...] = lo
-        else:  # written from registers (no staging: less shared memory a CTA)
-            r_hi_g.at[rows][...] = hi
-            r_lo_g.at[rows][...] = lo
+        weight = plgpu.load(weight_smem, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+        r = e * _spread(weight / total, shape, 0)
+        # per component: the block's column scaled to a maximum <= 2^SPLIT_EXP, then split
+        r_exp = jnp.maximum(_ceil_log2(jnp.max(r, axis=0)), MIN_EXP)
+        scaled = r * _spread(_pow2(SPLIT_EXP - r_exp), shape, 1)
+        hi = scaled.astype(jnp.float16)
+        r_hi_smem[...] = hi
+        r_lo_smem[...] = (scaled - hi.astype(jnp.float32)).astype(jnp.float16)
         r_exp_smem[...] = r_exp
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(lse_smem, lse_g.at[rows])
     if write_resp:
-        if r_smem:
-            plgpu.copy_smem_to_gmem(r_smem[0], r_hi_g.at[rows])
-            plgpu.copy_smem_to_gmem(r_smem[1], r_lo_g.at[rows])
+        plgpu.copy_smem_to_gmem(r_hi_smem, r_hi_g.at[rows])
+        plgpu.copy_smem_to_gmem(r_lo_smem, r_lo_g.at[rows])
         plgpu.copy_smem_to_gmem(r_exp_smem, r_exp_g.at[tile])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _resident_kernel(phi_hi, phi_lo, w_hi, w_lo, inv_scale_g, bias_g, weight_g,
-                     lse_g, r_hi_g, r_lo_g, r_exp_g, vec_smem, barriers,
-                     *, features: int, components: int, write_resp: bool, tiles: int,
-                     tiles_per_cta: int):
-    """The density pass with W resident: a persistent CTA copies W's hi and lo once (an
-    index-invariant block of the pipeline) and walks its 64-row tiles; log p(x) and the
-    exponents leave through the pipeline's outputs, R from registers."""
-    cta = jax.lax.axis_index("cta")
-    plgpu.copy_gmem_to_smem(inv_scale_g, vec_smem.at[0], barriers.at[0])
-    plgpu.copy_gmem_to_smem(bias_g, vec_smem.at[1], barriers.at[1])
-    plgpu.barrier_wait(barriers.at[0])
-    plgpu.barrier_wait(barriers.at[1])
-
-    def step(indices, a_hi, a_lo, b_hi, b_lo, weight_tile, lse_tile, r_exp_tile):
-        (t,) = indices
-        tile = cta * tiles_per_cta + t
-
-        def products(acc_ref):
-            plgpu.wgmma(acc_ref, a_lo, b_hi)  # small terms first
-            plgpu.wgmma(acc_ref, a_hi, b_lo)
-            plgpu.wgmma(acc_ref, a_hi, b_hi)
-            return acc_ref[...]
-
-        acc = pl.run_scoped(products, plgpu.ACC((BLOCK_M, components), jnp.float32))
-        lse, resp = _epilogue(acc, vec_smem, weight_tile, write_resp)
-        lse_tile[...] = lse
-        if write_resp:
-            hi, lo, r_exp = resp
-            r_exp_tile.at[0][...] = r_exp
-
-            @pl.when(tile < tiles)  # (tiles past the end: TMA drops their other outputs)
-            def _():
-                rows = pl.ds(tile * BLOCK_M, BLOCK_M)
-                r_hi_g.at[rows][...] = hi
-                r_lo_g.at[rows][...] = lo
-
-    def row_block(shape):
-        return plgpu.BlockSpec(shape, lambda t: (cta * tiles_per_cta + t, *(0,) * (len(shape) - 1)),
-                               transforms=_F16_TRANSFORMS if len(shape) == 2 else ())
-
-    w_spec = plgpu.BlockSpec((features, components), lambda t: (0, 0),
-                             transforms=_F16_TRANSFORMS)
-    plgpu.emit_pipeline(
-        step, grid=(tiles_per_cta,),
-        in_specs=[row_block((BLOCK_M, features)), row_block((BLOCK_M, features)), w_spec,
-                  w_spec, row_block((BLOCK_M,))],
-        out_specs=[row_block((BLOCK_M,)), plgpu.BlockSpec((1, components),
-                                                          lambda t: (cta * tiles_per_cta + t, 0))],
-        max_concurrent_steps=1,
-    )(phi_hi, phi_lo, w_hi, w_lo, weight_g, lse_g, r_exp_g)
-
-
-@functools.partial(jax.jit, static_argnames=("write_resp", "ctas_per_sm"))
-def _density_resident(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *,
-                      write_resp: bool = True, ctas_per_sm: int = 1):
-    """:func:`_density`'s outputs from the W-resident persistent kernel (W's hi and lo,
-    2 F K float16, must fit shared memory beside one 64-row tile: F K <= 40960)."""
-    n, features = phi_hi.shape
-    components = w_hi.shape[1]
-    smem = 4 * features * (components + BLOCK_M)
-    if smem > _SMEM_BUDGET:
-        raise ValueError(f"W-resident density kernel: {smem} bytes of shared memory for "
-                         f"F={features}, K={components}, more than {_SMEM_BUDGET}")
-    tiles = pl.cdiv(n, BLOCK_M)
-    ctas = min(num_sms() * ctas_per_sm, tiles)
-    tiles_per_cta = pl.cdiv(tiles, ctas)
-    ctas = pl.cdiv(tiles, tiles_per_cta)
-    out = (jax.ShapeDtypeStruct((n,), jnp.float32),
-           jax.ShapeDtypeStruct((n if write_resp else BLOCK_M, components), jnp.float16),
-           jax.ShapeDtypeStruct((n if write_resp else BLOCK_M, components), jnp.float16),
-           jax.ShapeDtypeStruct((tiles, components), jnp.float32))
-    kernel = functools.partial(_resident_kernel, features=features, components=components,
-                               write_resp=write_resp, tiles=tiles, tiles_per_cta=tiles_per_cta)
-    return plgpu.kernel(
-        kernel, out_type=out, grid=(ctas,), grid_names=("cta",),
-        scratch_types=[plgpu.SMEM((2, components), jnp.float32),
-                       plgpu.Barrier(num_barriers=2)],
-        compiler_params=_PARAMS,
-    )(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight)
-
-
-@functools.partial(jax.jit, static_argnames=("write_resp", "staged", "step_features"))
-def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp: bool = True,
-             staged: bool = STAGED_STORES, step_features: int = BLOCK_F):
+@functools.partial(jax.jit, static_argnames=("write_resp",))
+def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp: bool = True):
     """log p(x) (n,) and, with ``write_resp``, R hi, lo (n, K) float16 and the blocks'
-    exponents (blocks, K); ``staged``: R goes through shared memory and TMA, else it is
-    stored from registers; ``step_features``: features a pipeline step brings in (a
-    multiple of BLOCK_F dividing F; F: one step, the tile's whole operands at once)."""
+    exponents (blocks, K)."""
     n, features = phi_hi.shape
     components = w_hi.shape[1]
     blocks = pl.cdiv(n, BLOCK_M)
@@ -274,33 +159,23 @@ def _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp:
            jax.ShapeDtypeStruct((resp_rows, components), jnp.float16),
            jax.ShapeDtypeStruct((resp_rows, components), jnp.float16),
            jax.ShapeDtypeStruct((blocks if write_resp else 1, components), jnp.float32))
-    if features % step_features or step_features % BLOCK_F:
-        raise ValueError(f"step_features={step_features} must be a multiple of {BLOCK_F} "
-                         f"dividing F={features}")
-    depth = min(_DEPTH, features // step_features)
-    smem = (depth * 4 * step_features * (BLOCK_M + components)  # Phi and W hi, lo slices
-            + 4 * BLOCK_M * components * (write_resp and staged))  # R hi, lo staging
-    if smem > _SMEM_BUDGET:
-        raise ValueError(f"the density kernel needs {smem} bytes of shared memory with "
-                         f"step_features={step_features}, staged={staged} (F={features}, "
-                         f"K={components}), more than {_SMEM_BUDGET}")
     kernel = functools.partial(_density_kernel, features=features, components=components,
-                               write_resp=write_resp, step_features=step_features)
-    r_smem = [plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS)] * (
-        2 if write_resp and staged else 0)
+                               write_resp=write_resp)
     return plgpu.kernel(
         kernel, out_type=out, grid=(blocks,), grid_names=("tile",),
         scratch_types=[plgpu.SMEM((2, components), jnp.float32),
                        plgpu.SMEM((BLOCK_M,), jnp.float32),
                        plgpu.SMEM((BLOCK_M,), jnp.float32),
+                       plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS),
+                       plgpu.SMEM((BLOCK_M, components), jnp.float16, transforms=_F16_TRANSFORMS),
                        plgpu.SMEM((components,), jnp.float32),
-                       plgpu.Barrier(num_barriers=3), *r_smem],
+                       plgpu.Barrier(num_barriers=3)],
         compiler_params=_PARAMS,
     )(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight)
 
 
-def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, *t_smem,
-                  tiles_per_split: int, components: int):
+def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, t_smem,
+                  *, tiles_per_split: int, components: int):
     fb = jax.lax.axis_index("feature_block")
     split = jax.lax.axis_index("split")
     first = split * tiles_per_split
@@ -336,21 +211,15 @@ def _stats_kernel(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g, t_g, *t_smem,
         in_specs=[r_spec, r_spec, phi_spec, phi_spec, exp_spec],
         max_concurrent_steps=_DEPTH, init_carry=init,
     )(r_hi_g, r_lo_g, phi_hi_g, phi_lo_g, r_exp_g)
-    t = acc * _spread(_pow2(acc_exp - SPLIT_EXP), acc.shape, 0)
-    out = t_g.at[split, :, pl.ds(fb * BLOCK_F, BLOCK_F)]
-    if not t_smem:  # from registers
-        out[...] = t
-        return
-    t_smem[0][...] = t
+    t_smem[...] = acc * _spread(_pow2(acc_exp - SPLIT_EXP), acc.shape, 0)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(t_smem[0], out)
+    plgpu.copy_smem_to_gmem(t_smem, t_g.at[split, :, pl.ds(fb * BLOCK_F, BLOCK_F)])
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("staged",))
-def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp, *, staged: bool = STAGED_STORES):
-    """R^T Phi (K, F), unscaled from the responsibilities' exponents (``staged``: the
-    partial sums go through shared memory and TMA, else from registers)."""
+@jax.jit
+def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp):
+    """R^T Phi (K, F), unscaled from the responsibilities' exponents."""
     n, components = r_hi.shape
     features = phi_hi.shape[1]
     tiles = pl.cdiv(n, BLOCK_M)
@@ -365,7 +234,7 @@ def _stats(r_hi, r_lo, phi_hi, phi_lo, r_exp, *, staged: bool = STAGED_STORES):
     partial = plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct((splits, components, features), jnp.float32),
         grid=(features // BLOCK_F, splits), grid_names=("feature_block", "split"),
-        scratch_types=[plgpu.SMEM((components, BLOCK_F), jnp.float32)] * staged,
+        scratch_types=[plgpu.SMEM((components, BLOCK_F), jnp.float32)],
         compiler_params=_PARAMS,
     )(r_hi, r_lo, phi_hi, phi_lo, r_exp)
     return jnp.sum(partial, axis=0)
@@ -377,7 +246,7 @@ def _padded_sizes(p: int, m: int) -> tuple[int, int]:
     return -(-n_features(p) // BLOCK_F) * BLOCK_F, max(64, next_pow2(m))
 
 
-def _chunk_density(X, w, W, write_resp: bool, staged: bool, density: str):
+def _chunk_density(X, w, W, write_resp: bool):
     """(log p(x) (n,), [R hi, R lo, exponents], (Phi hi, Phi lo), s) of one chunk, the
     rows padded to BLOCK_M with zero-weight rows (TMA tiles need whole 8-row tiles)."""
     n = X.shape[0]
@@ -386,15 +255,8 @@ def _chunk_density(X, w, W, write_resp: bool, staged: bool, density: str):
     X, w = jnp.pad(X, ((0, pad), (0, 0))), jnp.pad(w, (0, pad))
     phi_hi, phi_lo, s = split_features(X, F_pad)
     w_hi, w_lo, inv_scale, bias = split_weights(W, s, K)
-    if density not in DENSITY_KERNELS:
-        raise ValueError(f"density must be one of {DENSITY_KERNELS}, got {density!r}")
-    if density == "resident":
-        lse, *resp = _density_resident(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
-                                       write_resp=write_resp)
-    else:
-        lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
-                              write_resp=write_resp, staged=staged,
-                              step_features=F_pad if density == "whole" else BLOCK_F)
+    lse, *resp = _density(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, w,
+                          write_resp=write_resp)
     return lse[:n], resp, (phi_hi, phi_lo), s
 
 
@@ -405,8 +267,7 @@ def _checked_weights(X, params: MixtureParams):
     return quadratic_weights(params).astype(jnp.float32)
 
 
-def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
-             staged: bool = STAGED_STORES, density: str = DENSITY):
+def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK):
     """(n,) log p(x_i) from the density kernel at "f16x3" (no responsibilities written).
 
     Args:
@@ -414,21 +275,17 @@ def log_prob(X, params: MixtureParams, *, rows_per_chunk: int = ROWS_PER_CHUNK,
             |x|^2 |Lambda| eps).
         params: :class:`MixtureParams`, m <= :data:`MAX_COMPONENTS`.
         rows_per_chunk: rows per pass.
-        staged: outputs through shared memory and TMA (else stored from registers).
-        density: the density kernel, one of :data:`DENSITY_KERNELS`.
     """
     W = _checked_weights(X, params)
 
     def chunk(Xc, wc):
-        return (), _chunk_density(Xc, wc, W, write_resp=False, staged=staged,
-                                  density=density)[0]
+        return (), _chunk_density(Xc, wc, W, write_resp=False)[0]
 
     return over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, None)))[1]
 
 
 def suff_stats(X, params: MixtureParams, sample_weight=None, *,
-               rows_per_chunk: int = ROWS_PER_CHUNK, staged: bool = STAGED_STORES,
-               density: str = DENSITY) -> SuffStats:
+               rows_per_chunk: int = ROWS_PER_CHUNK) -> SuffStats:
     """Fused E-step statistics at precision "f16x3" (float32 X, m <= 256, p <= 32).
 
     Args:
@@ -436,8 +293,6 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
         params: :class:`MixtureParams`, any covariance type.
         sample_weight: optional (n,) non-negative row weights (default 1).
         rows_per_chunk: rows per pass (memory O(chunk m)).
-        staged: outputs through shared memory and TMA (else stored from registers).
-        density: the density kernel, one of :data:`DENSITY_KERNELS`.
 
     Returns:
         :class:`SuffStats` (float32), moments about the origin.
@@ -446,9 +301,8 @@ def suff_stats(X, params: MixtureParams, sample_weight=None, *,
     F, m = W.shape
 
     def chunk(Xc, wc):
-        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True, staged=staged,
-                                           density=density)
-        T = _stats(resp[0], resp[1], *phi, resp[2], staged=staged)
+        lse, resp, phi, s = _chunk_density(Xc, wc, W, write_resp=True)
+        T = _stats(resp[0], resp[1], *phi, resp[2])
         return (T[:m, :F] / s[None, :F], jnp.sum(wc * lse)),
 
     T, loglik = over_row_chunks(chunk, rows_per_chunk, (X, row_weights(X, sample_weight)))[0]

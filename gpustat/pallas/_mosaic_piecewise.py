@@ -42,28 +42,16 @@ from gpustat.pallas._mosaic import LANES, lookup, num_sms, table_shape
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES, search_levels
 
 __all__ = [
-    "GUIDED_LOOKUP",
     "LOOKUPS",
     "MAX_PIECES",
     "evaluate_points",
-    "guided_kind",
     "pack_tables",
     "ppoly_eval_mosaic",
     "supports",
     "table_offsets",
 ]
 
-LOOKUPS = ("guided", "bucketed", "uniform", "search")
-# Bucket records of the "bucketed" lookup: [split, left knot, 0, 0, left row, right row]
-_RECORD = 12
-# the lookup of concrete breakpoints with a guide: "guided" or "bucketed" (W <= 4)
-GUIDED_LOOKUP = "guided"
-
-
-def guided_kind(width: int) -> str:
-    """The lookup a guide and side rows are packed for (:data:`GUIDED_LOOKUP`)."""
-    return "bucketed" if GUIDED_LOOKUP == "bucketed" and width <= 4 else "guided"
-
+LOOKUPS = ("guided", "uniform", "search")
 
 # The packed table: PARAMS entries first ([x_0, x_P, P / (x_P - x_0), M / (x_P - x_0)]),
 # then the lookup's tables, each starting on a LANES boundary.
@@ -76,7 +64,7 @@ MAX_PIECES = 2048
 _SMEM_BYTES = 232448
 # Default (block_rows, CTAs per SM, pipeline depth, sub_rows, vec): the fastest guided
 # launch of the benchmark's sweep (benchmarks/results/nvidia-h200/probes/mosaic_gpu.md).
-_DEFAULT_LAUNCH = (16, 4, 4, 8, 1)
+_DEFAULT_LAUNCH = (32, 4, 2, 32, 4)
 
 
 def _align(n: int) -> int:
@@ -88,8 +76,6 @@ def table_offsets(lookup_kind: str, num_pieces: int, width: int, buckets: int = 
     "guided"; keys and rows otherwise) and the packed size: static, from the shapes."""
     if lookup_kind == "guided":
         sizes = (2 * buckets, (next_pow2(num_pieces) + num_pieces) * width)
-    elif lookup_kind == "bucketed":
-        sizes = (_RECORD * buckets,)
     elif lookup_kind == "uniform":
         sizes = (num_pieces + 1, num_pieces * width)
     else:
@@ -101,7 +87,7 @@ def table_offsets(lookup_kind: str, num_pieces: int, width: int, buckets: int = 
     return tuple(offsets), at
 
 
-def pack_tables(keys, rows, params, guide=None, sides=None, bucketed: bool = False):
+def pack_tables(keys, rows, params, guide=None, sides=None):
     """The (R, 128) float32 table the kernel copies into shared memory.
 
     Args:
@@ -110,10 +96,6 @@ def pack_tables(keys, rows, params, guide=None, sides=None, bucketed: bool = Fal
         guide: :func:`~gpustat.reference.piecewise.guide_tables` (with ``sides``).
         sides: :func:`~gpustat.reference.piecewise.side_rows`, or None: the kernel
             then searches ``keys`` (sorted breakpoints or Eytzinger tree).
-        bucketed: with ``sides`` and W <= 4, one record a bucket instead of the pairs
-            and side rows: [split, left knot, 0, 0, left row, right row], the two rows
-            a point of the bucket can take (three independent 16-byte loads a point,
-            no lookup depending on another).
 
     Returns:
         [x_0, x_P, P / (x_P - x_0), M / (x_P - x_0)], then each table at its
@@ -129,22 +111,7 @@ def pack_tables(keys, rows, params, guide=None, sides=None, bucketed: bool = Fal
     bucket_scale = (xp.asarray(guide[3], f32).reshape(-1)[:1] if sides is not None
                     else xp.zeros((1,), f32))
     parts = [xp.concatenate([xp.asarray(params, f32)[:3], bucket_scale])]
-    if bucketed and (sides is None or rows.shape[-1] > 4):
-        raise ValueError("bucketed records need the guide's side rows of width <= 4")
-    if bucketed:
-        below = xp.asarray(guide[0], np.int32)
-        split = xp.asarray(guide[1], f32)
-        side = xp.asarray(sides, f32)
-        first = below <= 0  # left of split: piece 0 at x_0 (row 0), else row below + 1
-        left = side[xp.where(first, 0, below + 1)]
-        right = side[next_pow2(rows.shape[0]) + below + 1]
-        knot_left = xp.where(first, xp.asarray(params, f32)[0], split)
-        pad = xp.zeros((below.shape[0], 4 - side.shape[1]), f32)
-        zeros = xp.zeros((below.shape[0], 2), f32)
-        records = xp.concatenate([split[:, None], knot_left[:, None], zeros, left, pad, right,
-                                  pad], axis=1)
-        parts.append(records.reshape(-1))
-    elif sides is not None:
+    if sides is not None:
         below = xp.asarray(guide[0], np.int32)
         below = below.view(f32) if concrete else jax.lax.bitcast_convert_type(below, f32)
         pairs = xp.stack([below, xp.asarray(guide[1], f32)], axis=1).reshape(-1)
@@ -201,17 +168,6 @@ def evaluate_points(x, params, gather, *, lookup_kind: str, offsets: tuple, num_
         (value,) = gather(index, offset=offset, stride=1, dtypes=(jnp.float32,))
         return value
 
-    if lookup_kind == "bucketed":
-        (off_records,) = offsets
-        bucket = _cell(x, lo, bucket_scale, buckets)
-        split, knot_left, _, _ = gather(bucket, offset=off_records, stride=_RECORD,
-                                        dtypes=(jnp.float32,) * 4)
-        row = {side: gather(bucket, offset=off_records + at_, stride=_RECORD,
-                            dtypes=(jnp.float32,) * 4) for side, at_ in (("l", 4), ("r", 8))}
-        above = x >= split
-        u = x - jnp.where(above, split, knot_left)
-        coeffs = [jnp.where(above, r, l) for l, r in zip(row["l"], row["r"], strict=True)]
-        return _horner(coeffs, u, x, lo, hi, degree, extrapolate)
     if lookup_kind == "guided":
         off_pairs, off_rows = offsets
         bucket = _cell(x, lo, bucket_scale, buckets)

@@ -647,10 +647,9 @@ def _tables(breakpoints, coeffs, uniform: bool, guided: bool, packed: bool = Fal
              if guide is not None and rows.ndim == 2 and rows.dtype == np.float32 else None)
     table = None
     if packed:
-        from gpustat.pallas._mosaic_piecewise import guided_kind, pack_tables
+        from gpustat.pallas._mosaic_piecewise import pack_tables
 
-        bucketed = sides is not None and guided_kind(rows.shape[-1]) == "bucketed"
-        table = pack_tables(keys, rows, params, guide, sides, bucketed=bucketed)
+        table = pack_tables(keys, rows, params, guide, sides)
     return _KernelTables(keys, rows, params, guide, sides, packed=table)
 
 
@@ -682,12 +681,11 @@ def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
     keys, rows, params, guide, sides, _, packed = tables
     trailing = coeffs.shape[2:]
     if path == "mosaic":  # float32, one polynomial (_mosaic_unsupported)
-        from gpustat.pallas._mosaic_piecewise import guided_kind, pack_tables, ppoly_eval_mosaic
+        from gpustat.pallas._mosaic_piecewise import pack_tables, ppoly_eval_mosaic
 
-        kind = (guided_kind(rows.shape[-1]) if sides is not None
-                else "uniform" if uniform else "search")
         if packed is None:
-            packed = pack_tables(keys, rows, params, guide, sides, bucketed=kind == "bucketed")
+            packed = pack_tables(keys, rows, params, guide, sides)
+        kind = "guided" if sides is not None else "uniform" if uniform else "search"
         y = ppoly_eval_mosaic(packed, x.reshape(-1).astype(jnp.float32), lookup_kind=kind,
                               num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,
                               buckets=guide[0].shape[0] if sides is not None else 0,

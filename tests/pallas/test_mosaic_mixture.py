@@ -50,8 +50,7 @@ def assert_stats_close(got, want, rtol):
     np.testing.assert_allclose(float(got.loglik), float(want.loglik), rtol=rtol)
 
 
-def density_twin(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp=True,
-                 staged=True, step_features=None):
+def density_twin(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_resp=True):
     """The density kernel's contract in jnp: three products, log p(x), R scaled per
     (64-row block, component) to <= 2^SPLIT_EXP and split, the blocks' exponents."""
     f32 = jnp.float32
@@ -68,7 +67,7 @@ def density_twin(phi_hi, phi_lo, w_hi, w_lo, inv_scale, bias, weight, *, write_r
     return lse, hi, (scaled - hi.astype(f32)).astype(jnp.float16), r_exp
 
 
-def stats_twin(r_hi, r_lo, phi_hi, phi_lo, r_exp, *, staged=True):
+def stats_twin(r_hi, r_lo, phi_hi, phi_lo, r_exp):
     f32 = jnp.float32
     blocks = r_exp.shape[0]
     r = (r_hi.astype(f32) + r_lo.astype(f32)).reshape(blocks, mm.BLOCK_M, -1)
@@ -89,26 +88,17 @@ def test_host_side_with_kernel_twins_matches_float64(monkeypatch):
     assert_stats_close(got, float64_stats(X64, params64, w), rtol=2e-5)
 
 
-@pytest.mark.parametrize("n_features, n_components, staged, whole",
-                         [(2, 5, True, False), (16, 256, False, True)])
-def test_kernels_lower_for_cuda(n_features, n_components, staged, whole):
+@pytest.mark.parametrize("n_features, n_components", [(2, 5), (16, 256)])
+def test_kernels_lower_for_cuda(n_features, n_components):
     F_pad, K = mm._padded_sizes(n_features, n_components)
     n = 4 * mm.BLOCK_M
     S = jax.ShapeDtypeStruct
     f16, f32 = jnp.float16, jnp.float32
-    assert_lowers_for_cuda(functools.partial(mm._density, staged=staged,
-                                             step_features=F_pad if whole else mm.BLOCK_F),
-                           (S((n, F_pad), f16), S((n, F_pad), f16),
+    assert_lowers_for_cuda(mm._density, (S((n, F_pad), f16), S((n, F_pad), f16),
                                          S((F_pad, K), f16), S((F_pad, K), f16), S((K,), f32),
                                          S((K,), f32), S((n,), f32)), calls=("mosaic_gpu",))
-    if whole:  # the W-resident persistent kernel fits F K <= 40960
-        assert_lowers_for_cuda(mm._density_resident,
-                               (S((n, F_pad), f16), S((n, F_pad), f16), S((F_pad, K), f16),
-                                S((F_pad, K), f16), S((K,), f32), S((K,), f32), S((n,), f32)),
-                               calls=("mosaic_gpu",))
-    assert_lowers_for_cuda(functools.partial(mm._stats, staged=staged),
-                           (S((n, K), f16), S((n, K), f16), S((n, F_pad), f16),
-                            S((n, F_pad), f16), S((4, K), f32)), calls=("mosaic_gpu",))
+    assert_lowers_for_cuda(mm._stats, (S((n, K), f16), S((n, K), f16), S((n, F_pad), f16),
+                                       S((n, F_pad), f16), S((4, K), f32)), calls=("mosaic_gpu",))
 
 
 @pytest.mark.skipif(not mosaic_unavailable_reason(), reason="this machine runs Mosaic GPU")

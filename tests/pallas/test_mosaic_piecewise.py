@@ -30,7 +30,7 @@ def make_tables(kind: str, num_pieces: int = 48, seed: int = 0):
     rng = np.random.default_rng(seed)
     if kind == "uniform":
         bp = np.linspace(-2.0, 3.0, num_pieces + 1)
-    elif kind in ("guided", "bucketed"):  # jittered grid: at most one breakpoint a bucket
+    elif kind == "guided":  # jittered grid: at most one breakpoint a guide bucket
         bp = np.linspace(-2.0, 3.0, num_pieces + 1)
         bp[1:-1] += rng.uniform(-0.3, 0.3, num_pieces - 1) * (5.0 / num_pieces)
     else:
@@ -38,11 +38,10 @@ def make_tables(kind: str, num_pieces: int = 48, seed: int = 0):
     bp = bp.astype(np.float32)
     coeffs = rng.normal(size=(4, num_pieces)).astype(np.float32)
     keys, rows, params = kernel_tables(bp, coeffs, kind == "uniform")
-    guided = kind in ("guided", "bucketed")
-    guide = guide_tables(bp) if guided else None
-    assert (guide is not None) == guided
+    guide = guide_tables(bp) if kind == "guided" else None
+    assert (guide is not None) == (kind == "guided")
     sides = side_rows(guide[2], rows, 3) if guide is not None else None
-    table = pack_tables(keys, rows, params, guide, sides, bucketed=kind == "bucketed")
+    table = pack_tables(keys, rows, params, guide, sides)
     buckets = guide[0].shape[0] if guide is not None else 0
     return bp, coeffs, table, buckets
 
@@ -55,7 +54,7 @@ def points(bp, size=None, seed=1):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", ["guided", "bucketed", "uniform", "search"])
+@pytest.mark.parametrize("kind", ["guided", "uniform", "search"])
 def test_lookup_logic_matches_scipy(kind, mode):
     """The kernel's per-point code (table offsets, guided/uniform/search lookup, Horner,
     NaN and extrapolation rules), its shared-memory lookup replaced by a jnp gather."""
@@ -82,7 +81,7 @@ def test_lookup_logic_matches_scipy(kind, mode):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
 
 
-@pytest.mark.parametrize("kind", ["guided", "bucketed", "uniform", "search"])
+@pytest.mark.parametrize("kind", ["guided", "uniform", "search"])
 def test_kernel_lowers_for_cuda(kind):
     _, _, table, buckets = make_tables(kind)
     kernel = functools.partial(ppoly_eval_mosaic, lookup_kind=kind, num_pieces=48, degree=3,
