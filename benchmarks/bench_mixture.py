@@ -11,7 +11,9 @@ Cases (float32 unless said, same process, same device):
   formulation (Phi = [x_a x_b (a <= b), x, 1], logits = Phi W, softmax, R^T Phi),
   HIGHEST precision;
 * ``em_iteration`` of the Triton E-step (:mod:`gpustat.triton.mixture`, precision "f16x3",
-  where jax-triton is installed) against the same baseline;
+  where jax-triton is installed) and of its Mosaic GPU twin
+  (:mod:`gpustat.pallas._mosaic_mixture`, sm_90+) against the same baseline, and the
+  Mosaic GPU density pass alone (``density_pass``, log p(x));
 * ``em_pieces``: per precision, the density pass alone (log p(x), no logits written)
   over block settings, then the E-step (density pass writing the logits + statistics
   pass) over statistics settings (block shapes and "full"/"packed" second moments);
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.harness import Recorder, check_close, main_from_args, time_fn, x64_for
-from gpustat._backend import available_backends
+from gpustat._backend import available_backends, mosaic_unavailable_reason
 from gpustat.mixture import (
     GibbsState,
     MixtureParams,
@@ -54,6 +56,7 @@ from gpustat.mixture import (
 from gpustat.pallas import mixture as kernels
 from gpustat.pallas.mixture import LABEL_BLOCKS
 from gpustat.reference import mixture as ref
+from gpustat.reference._mixture_split import split_features, split_weights
 from gpustat.reference.mixture import (
     n_features,
     quadratic_features,
@@ -216,6 +219,14 @@ def check_precision_vs_float64(rec, X, params):
                                lambda: record(case, "triton",
                                               jax.jit(triton_mixture.log_prob)(rows, params),
                                               precision="f16x3"))
+    if mosaic_runs():
+        from gpustat.pallas import _mosaic_mixture as mosaic_mixture
+
+        case = "loglik_error_f16x3_mosaic"
+        errors[case] = guarded(rec, case, rows.shape, {"precision": "f16x3"},
+                               lambda: record(case, "mosaic",
+                                              jax.jit(mosaic_mixture.log_prob)(rows, params),
+                                              precision="f16x3"))
     errors["xla_reference"] = record("loglik_error_xla_reference", "xla_reference",
                                      jax.jit(ref.log_prob)(rows, params))
     xla_lse = jax.nn.logsumexp(jnp.dot(quadratic_features(rows), quadratic_weights(params),
@@ -309,6 +320,85 @@ def bench_triton_em(rec, X, params, xla_t, want):
           f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
 
 
+def mosaic_runs() -> bool:
+    """Whether the Mosaic GPU E-step's cases run: compiled, on an sm_90+ GPU."""
+    return not INTERPRET and not mosaic_unavailable_reason()
+
+
+def bench_mosaic_em(rec, X, params, xla_t, want):
+    """The Mosaic GPU E-step's EM iteration ("f16x3") against the same run's XLA baseline
+    (its statistics checked against the XLA reference's first), its density pass alone
+    (log p(x), no responsibilities written) and its passes timed apart."""
+    from gpustat.pallas import _mosaic_mixture as mosaic_mixture
+
+    n, p = X.shape
+    stats = jax.jit(mosaic_mixture.suff_stats)(X, params)
+    expected = jax.jit(ref.suff_stats)(X, params)
+    for name in ("counts", "sum_x", "sum_xx"):
+        exp = getattr(expected, name)
+        check_close(f"{name} f16x3 mosaic", getattr(stats, name), exp, rtol=1e-4,
+                    atol=1e-4 * float(jnp.max(jnp.abs(exp))))
+
+    def step(X, params):
+        stats = mosaic_mixture.suff_stats(X, params)
+        return m_step(stats, reg_covar=1e-6), stats.loglik
+
+    step = jax.jit(step)
+    check_close("loglik f16x3 mosaic", step(X, params)[1], want, rtol=1e-4)
+    t = time_fn(step, [(X, params)])
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", baseline="xla_quadratic_gemm",
+               extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
+                      "flop": 2 * n * K * 2 * n_features(p)})
+    print(f"em_iteration f16x3 (mosaic): {t.median_ms:.2f} ms "
+          f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    density = jax.jit(mosaic_mixture.log_prob)
+    t = time_fn(density, [(X, params)])
+    rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
+               items=n, item_name="rows", extra={"precision": "f16x3"})
+
+    # the passes of one chunk timed apart: XLA's splits, the density kernel writing R
+    # (with the splits), the statistics kernel
+    W = quadratic_weights(params).astype(jnp.float32)
+    w = jnp.ones((n,), jnp.float32)
+    F_pad, Kp = mosaic_mixture._padded_sizes(p, params.n_components)
+
+    def splits(X):
+        phi_hi, phi_lo, s = split_features(X, F_pad)
+        return phi_hi, phi_lo, split_weights(W, s, Kp)
+
+    density_resp = jax.jit(lambda X: mosaic_mixture._chunk_density(X, w, W, write_resp=True))
+    _, resp, phi, _ = density_resp(X)
+    for piece, fn, args in (("splits_xla", jax.jit(splits), (X,)),
+                            ("density_with_resp+splits", density_resp, (X,)),
+                            ("statistics", mosaic_mixture._stats, (*resp[:2], *phi, resp[2]))):
+        t = time_fn(fn, [args])
+        rec.record("em_pieces_mosaic", shape=(n, p, K), dtype="float32", backend="mosaic",
+                   timing=t, items=n, item_name="rows", extra={"piece": piece})
+        print(f"mosaic E-step piece {piece}: {t.median_ms:.3f} ms", flush=True)
+
+
+def mosaic_cases(rec, check_errors: bool = True):
+    """The Mosaic GPU E-step beside the XLA baseline and the Triton E-step at n = 1e6
+    (float32), and (``check_errors``) every float32 path's per-point log-likelihood
+    error vs float64."""
+    with x64_for(jnp.float32):
+        X, params = make_problem(N, P, K)
+        shape = (N, P, K)
+        xla_t, want = bench_xla_em(rec, X, params)
+        if triton_runs():
+            guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
+                    lambda: bench_triton_em(rec, X, params, xla_t, want))
+        if mosaic_runs():
+            guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                    lambda: bench_mosaic_em(rec, X, params, xla_t, want))
+        else:
+            print(f"Mosaic GPU cases skipped: they need {mosaic_unavailable_reason()}")
+        if check_errors:
+            print("per-point log-likelihood max |error| vs float64:",
+                  check_precision_vs_float64(rec, X, params), flush=True)
+
+
 def bench_xla_em(rec, X, params):
     """The baseline: the plain-XLA quadratic-GEMM iteration; returns (timing, loglik)."""
     n, p = X.shape
@@ -328,6 +418,9 @@ def bench_em(rec, X, params, quick):
     if triton_runs():
         guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "triton"},
                 lambda: bench_triton_em(rec, X, params, xla_t, want))
+    if mosaic_runs():
+        guarded(rec, "em_iteration", shape, {"precision": "f16x3", "backend": "mosaic"},
+                lambda: bench_mosaic_em(rec, X, params, xla_t, want))
     best = {}
 
     def one(precision, density_cfg, stats_cfg, swept, centred=False):

@@ -8,7 +8,10 @@ Acceptance cases (``--quick``), all P = 256 pieces, D = 3:
 * N = 2^26 float32, uniform breakpoints: vs XLA's fusion of the uniform-index reference;
 * N = 2e6 (torchPACE's shape), rotating buffers: vs a trivial ``a*x+b`` timed the same way;
 * N = 2^26 bfloat16 (4 B/point) and float64 (16 B/point): fraction of copy bandwidth;
-* the PyTorch way (``torch.bucketize`` + gather + Horner) on the same GPU, both sizes.
+* the PyTorch way (``torch.bucketize`` + gather + Horner) on the same GPU, both sizes;
+* the Mosaic GPU kernel (sm_90+, :func:`mosaic_cases`): N = 2^26 float32, guided,
+  searched and uniform lookups and a launch sweep, beside ``backend="auto"`` and
+  ``"triton"`` through the public call.
 
 Without a CUDA GPU the script runs tiny sizes in interpret mode (a smoke test).
 """
@@ -33,7 +36,7 @@ from benchmarks.harness import (
     time_fn,
     x64_for,
 )
-from gpustat._backend import cuda_gpu_available
+from gpustat._backend import cuda_gpu_available, mosaic_unavailable_reason, triton_installed
 from gpustat.pallas.piecewise import ppoly_eval_tables
 from gpustat.piecewise import PiecewisePolynomial
 from gpustat.reference.piecewise import kernel_tables, ppoly_eval_reference
@@ -144,6 +147,74 @@ def xla_fn(pp: PiecewisePolynomial):
                                      uniform=pp.uniform))
 
 
+# (block_rows, ctas_per_sm, depth, sub_rows, vec) launches of the Mosaic GPU kernel timed
+# per lookup (ctas_per_sm 0: one CTA per tile); a CTA's SMEM is 2 * depth * block_rows *
+# 512 bytes of x and y tiles plus the table, at most 227 KB. The guided lookup (concrete
+# breakpoints) takes all, the searched one the first two, the uniform one the first.
+MOSAIC_LAUNCHES = [(32, 4, 2, 32, 4), (16, 4, 4, 16, 4), (32, 4, 2, 16, 2), (16, 4, 4, 8, 1),
+                   (16, 6, 2, 16, 4)]
+
+
+def mosaic_cases(rec: Recorder) -> None:
+    """The Mosaic GPU kernel at N = 2^26 float32 (P = 256, D = 3) beside the public
+    call's other backends, all as fractions of the in-run copy bandwidth."""
+    reason = mosaic_unavailable_reason()
+    if reason:
+        print(f"[piecewise] Mosaic GPU cases skipped: they need {reason}")
+        return
+    from gpustat.pallas._mosaic_piecewise import pack_tables, ppoly_eval_mosaic
+    from gpustat.reference.piecewise import guide_tables, side_rows
+
+    rec.measure_copy(1 << 30)
+    n, nbytes = BIG, BIG * 8
+    with x64_for(jnp.float32):
+        x = points(n, jnp.float32, 1)
+        for uniform in (False, True):
+            pp = make_pp(uniform, np.float32)
+            bp, coeffs = np.asarray(pp.breakpoints), np.asarray(pp.coeffs)
+            expected = xla_fn(pp)(x)
+            keys, rows, params = kernel_tables(bp, coeffs, uniform)
+            guide = None if uniform else guide_tables(bp)
+            lookups = {"uniform": (None, None)} if uniform else {"search": (None, None)}
+            if guide is not None:
+                lookups["guided"] = (guide, side_rows(guide[2], rows, DEGREE))
+            for kind, (g, sides) in lookups.items():
+                table = pack_tables(keys, rows, params, g, sides)
+                launches = MOSAIC_LAUNCHES[:{"guided": None, "search": 2, "uniform": 1}[kind]]
+                for block_rows, ctas, depth, sub_rows, vec in launches:
+                    fn = jax.jit(functools.partial(
+                        ppoly_eval_mosaic, table, lookup_kind=kind, num_pieces=NUM_PIECES,
+                        degree=DEGREE, buckets=0 if g is None else g[0].shape[0],
+                        block_rows=block_rows, ctas_per_sm=ctas, depth=depth,
+                        sub_rows=sub_rows, vec=vec))
+                    name = (f"{kind}_f32_N2^26/mosaic"
+                            f"[{block_rows},{ctas},{depth},{sub_rows},{vec}]")
+                    try:
+                        err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
+                    except Exception as exc:  # a launch that fails is a finding, not a stop
+                        print(f"[piecewise] {name}: {type(exc).__name__}: {str(exc)[:300]}")
+                        continue
+                    rec.record(name, shape=(n,), dtype="float32", backend="mosaic",
+                               timing=time_fn(fn, [(x,)]), bytes_moved=nbytes, items=n,
+                               item_name="points",
+                               extra={"block_rows": block_rows, "ctas_per_sm": ctas,
+                                      "depth": depth, "sub_rows": sub_rows, "vec": vec,
+                                      "lookup": kind,
+                                      "max_rel_error": err})
+            backends = ["auto", "mosaic"] + (["triton"] if triton_installed() else [])
+            for backend in backends:  # the public call inside jit (constant pp)
+                fn = jax.jit(lambda v, pp=pp, b=backend: pp(v, backend=b))
+                name = f"{'uniform' if uniform else 'search'}_f32_N2^26/public_{backend}"
+                try:
+                    err = device_check(name, fn(x), expected, rtol=2e-6, atol=2e-3)
+                except Exception as exc:  # recorded, the other backends still run
+                    print(f"[piecewise] {name}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                rec.record(name, shape=(n,), dtype="float32", backend=backend,
+                           timing=time_fn(fn, [(x,)]), bytes_moved=nbytes, items=n,
+                           item_name="points", extra={"max_rel_error": err})
+
+
 def run(quick: bool = True, out: Path | None = None) -> None:
     on_gpu = cuda_gpu_available()
     interpret = not on_gpu
@@ -151,6 +222,7 @@ def run(quick: bool = True, out: Path | None = None) -> None:
     small = TORCHPACE_N if on_gpu else 3000
     rec = Recorder("piecewise", out)
     copy_gbs = rec.measure_copy(1 << 30 if on_gpu else 1 << 22)
+    mosaic_cases(rec)
     summary = []
 
     def streaming_case(name, pp, x_dtype, n, variants, compare_torch):

@@ -1,14 +1,16 @@
 """Backend choice: the one place that decides reference / XLA / Pallas / Triton.
 
 Every public op takes ``backend="auto" | "pallas" | "reference" | "interpret"`` (and
-``"triton"`` where a jax-triton kernel exists) and calls :func:`resolve_backend` once,
-at trace time, before dispatching:
+``"triton"`` where a jax-triton kernel exists, ``"mosaic"`` where a Mosaic GPU kernel
+exists) and calls :func:`resolve_backend` once, at trace time, before dispatching:
 
 * ``"auto"``: on a CUDA GPU, the path that :data:`AUTO_RULES` names for the call's
   capability and shape class (the first matching row), else the Pallas kernel when it
   supports the call (dtype, shape); the reference elsewhere.
-* ``"pallas"`` / ``"triton"``: the compiled kernel; raises
-  :class:`BackendUnavailableError` on a machine that cannot run it. Never falls back.
+* ``"pallas"`` / ``"triton"`` / ``"mosaic"``: the compiled kernel; raises
+  :class:`BackendUnavailableError` on a machine that cannot run it (``"mosaic"``:
+  no CUDA GPU, a GPU older than sm_90, or a jaxlib without the Mosaic GPU
+  bindings). Never falls back.
 * ``"interpret"``: the Pallas kernel body under ``interpret=True`` on any platform (tests).
 * ``"reference"``: the pure ``jax.numpy`` definition of the op, compiled by XLA.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import importlib
 import importlib.util
 
 import jax
@@ -35,12 +38,13 @@ __all__ = [
     "border_shape_class",
     "cuda_gpu_available",
     "factorization_shape_class",
+    "mosaic_unavailable_reason",
     "piecewise_shape_class",
     "resolve_backend",
     "triton_installed",
 ]
 
-BACKENDS = ("auto", "pallas", "reference", "interpret", "triton")
+BACKENDS = ("auto", "pallas", "reference", "interpret", "triton", "mosaic")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -62,7 +66,9 @@ class AutoRule:
 
 #: What ``"auto"`` runs on a CUDA GPU, first matching row wins; calls no row matches run
 #: the Pallas kernel when it supports them. A ``"triton"`` row needs jax-triton installed;
-#: without it the call runs the Pallas kernel (or the reference where none exists).
+#: without it the call runs the Pallas kernel (or the reference where none exists). A
+#: ``"mosaic"`` row applies on sm_90+ GPUs where the Mosaic GPU kernel takes the call;
+#: elsewhere the next matching row does (so the Triton kernels serve older GPUs).
 AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule("piecewise", "uniform/*/small/*", "reference",
              "an O(1) lookup and Horner step: XLA's fusion of the reference ties the kernel "
@@ -132,6 +138,24 @@ def triton_installed() -> bool:
     return not _triton_missing()
 
 
+@functools.cache
+def mosaic_unavailable_reason() -> str:
+    """Why Mosaic GPU kernels cannot run here ('' when they can): they need a CUDA GPU
+    of compute capability 9.0 or later and jaxlib's Mosaic GPU bindings."""
+    if not cuda_gpu_available():
+        return f"a CUDA GPU, but this machine has {_machine_description()}"
+    capability = getattr(jax.devices()[0], "compute_capability", "0.0")
+    if float(capability) < 9.0:
+        return (f"an sm_90 or later GPU, but {jax.devices()[0].device_kind} has compute "
+                f"capability {capability}")
+    try:
+        importlib.import_module("jax.experimental.mosaic.gpu")
+        importlib.import_module("jax.experimental.pallas.mosaic_gpu")
+    except ImportError as exc:
+        return f"jaxlib's Mosaic GPU bindings, which do not import: {exc}"
+    return ""
+
+
 def available_backends() -> tuple[str, ...]:
     """Backends that can run on this machine, in the order "auto" prefers them."""
     names = []
@@ -139,6 +163,8 @@ def available_backends() -> tuple[str, ...]:
         names.append("pallas")
         if triton_installed():
             names.append("triton")
+        if not mosaic_unavailable_reason():
+            names.append("mosaic")
     names += ["reference", "interpret"]
     return tuple(names)
 
@@ -165,9 +191,11 @@ def border_shape_class(dtype, max_border: int, d: int = 1) -> str:
     return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}/d{8 if d <= 8 else 32}"
 
 
-def _auto_rule(capability: str, shape_class: str) -> AutoRule | None:
+def _auto_rule(capability: str, shape_class: str, skip: tuple[str, ...] = ()) -> AutoRule | None:
+    """The first row matching the call whose choice is not in ``skip``."""
     for rule in AUTO_RULES:
-        if rule.capability == capability and fnmatch.fnmatchcase(shape_class, rule.shape_class):
+        if (rule.capability == capability and rule.choice not in skip
+                and fnmatch.fnmatchcase(shape_class, rule.shape_class)):
             return rule
     return None
 
@@ -181,6 +209,7 @@ def resolve_backend(
     kernels: tuple[str, ...] = ("pallas",),
     kernel_supports: bool = True,
     unsupported_reason: str = "",
+    unsupported: dict[str, str] | None = None,
 ) -> str:
     """Turn a user's ``backend=`` argument into the concrete path to run.
 
@@ -189,22 +218,28 @@ def resolve_backend(
         op: public name of the op, used in error messages.
         capability: the row key of :data:`AUTO_RULES` (the module name).
         shape_class: the call's class (a ``*_shape_class`` helper's string).
-        kernels: the GPU kernels this call has (``"pallas"``, ``"triton"``);
-            ``"interpret"`` runs the Pallas one.
+        kernels: the GPU kernels this call has (``"pallas"``, ``"triton"``,
+            ``"mosaic"``); ``"interpret"`` runs the Pallas one.
         kernel_supports: whether the kernels handle this call (dtype, shape).
             ``"auto"`` uses the reference when False; an explicit kernel backend
             raises ``ValueError`` with ``unsupported_reason``.
         unsupported_reason: why the kernels do not handle the call.
+        unsupported: per kernel name, why that kernel alone cannot run this call
+            (``"auto"`` then skips it: a ``"mosaic"`` row gives way to the next
+            matching row, another kernel to the Pallas one; an explicit request
+            raises ``ValueError`` with the reason).
 
     Returns:
-        One of ``"pallas"``, ``"interpret"``, ``"reference"``, ``"triton"``.
+        One of ``"pallas"``, ``"interpret"``, ``"reference"``, ``"triton"``, ``"mosaic"``.
 
     Raises:
         ValueError: unknown backend name, or a kernel asked for a call it cannot do.
-        BackendUnavailableError: ``"pallas"``/``"triton"`` requested on a machine
-            that cannot run it.
+        BackendUnavailableError: ``"pallas"``/``"triton"``/``"mosaic"`` requested on a
+            machine that cannot run it.
     """
-    offered = ["auto", *(k for k in ("pallas", "triton") if k in kernels), "reference"]
+    unsupported = unsupported or {}
+    offered = ["auto", *(k for k in ("pallas", "triton", "mosaic") if k in kernels),
+               "reference"]
     if "pallas" in kernels:
         offered.append("interpret")
     if backend not in offered:
@@ -212,15 +247,23 @@ def resolve_backend(
     if backend == "auto":
         if not (cuda_gpu_available() and kernel_supports):
             return "reference"
-        rule = _auto_rule(capability, shape_class)
+        # a "mosaic" row that cannot run here gives way to the next matching row
+        mosaic_runs = ("mosaic" in kernels and "mosaic" not in unsupported
+                       and not mosaic_unavailable_reason())
+        rule = _auto_rule(capability, shape_class, skip=() if mosaic_runs else ("mosaic",))
         choice = rule.choice if rule else "pallas"
-        if choice == "triton" and not triton_installed():
+        if (choice == "triton" and not triton_installed()) or choice in unsupported:
             choice = "pallas"
         return choice if choice in (*kernels, "reference") else "reference"
     if backend in ("pallas", "triton") and not cuda_gpu_available():
         raise BackendUnavailableError(
             f"{op}: backend={backend!r} needs a CUDA GPU, but this machine has "
             f"{_machine_description()}. Use backend='auto', 'reference' or 'interpret'."
+        )
+    if backend == "mosaic" and mosaic_unavailable_reason():
+        raise BackendUnavailableError(
+            f"{op}: backend='mosaic' (Mosaic GPU kernels) needs "
+            f"{mosaic_unavailable_reason()}. Use backend='auto', 'pallas' or 'reference'."
         )
     if backend == "triton" and _triton_missing():
         raise BackendUnavailableError(
@@ -229,4 +272,6 @@ def resolve_backend(
         )
     if backend != "reference" and not kernel_supports:
         raise ValueError(f"{op}: backend={backend!r} cannot run this call: {unsupported_reason}")
+    if backend in unsupported:
+        raise ValueError(f"{op}: backend={backend!r} cannot run this call: {unsupported[backend]}")
     return backend

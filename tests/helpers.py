@@ -46,20 +46,24 @@ def assert_within_float32_ulps(got, exact, ulps: float, *, floor: float) -> None
 
 
 def assert_lowers_for_cuda(fn: Callable, args: Sequence[jax.ShapeDtypeStruct],
-                           device_kind: str = "NVIDIA H100") -> str:
+                           device_kind: str = "NVIDIA H100",
+                           calls: Sequence[str] = ("triton_kernel_call",
+                                                   "__gpu$xla.gpu.triton")) -> str:
     """Lower ``jax.jit(fn)(*args)`` for CUDA on this (CPU) machine and return the text.
 
-    Raises what the GPU compile would raise for primitives the Triton lowering
-    lacks, non-power-of-two in-kernel tensors or too-small f64 dots. It does not
-    run Triton's compiler or ptxas: a GPU run is still needed.
+    Raises what the GPU compile would raise for primitives the Triton (or Mosaic
+    GPU) lowering lacks, non-power-of-two in-kernel tensors or too-small f64 dots.
+    It does not run Triton's compiler or ptxas: a GPU run is still needed.
+    ``calls``: custom-call names one of which the lowered module must hold
+    (``("mosaic_gpu",)`` for Mosaic GPU kernels).
     """
-    device = jax.sharding.AbstractDevice(device_kind, 1, "cuda")
+    device = jax.sharding.AbstractDevice(device_kind, 132, "cuda")
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
-    assert "triton_kernel_call" in text or "__gpu$xla.gpu.triton" in text, (
-        "the lowered module holds no Triton kernel call"
+    assert any(call in text for call in calls), (
+        f"the lowered module holds no kernel call named one of {list(calls)}"
     )
     return text
 

@@ -153,7 +153,8 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_ite
     dtype = Xc.dtype
     m_step_kwargs = dict(reg_covar=reg_covar, weight_prior=weight_prior,
                          component_prior=component_prior)
-    pivoted = path != "triton"  # its GEMM sums raw moments: m_step's collapse floor applies
+    # their GEMM sums raw moments: m_step's collapse floor applies
+    pivoted = path not in ("triton", "mosaic")
 
     def cond(state):
         _, _, n_iter, converged, status, _, _, _ = state
@@ -217,7 +218,8 @@ def fit_em(X: Float[Array, "n p"], init: MixtureParams, *,
         weight_prior: Dirichlet or stick-breaking prior for MAP weights (BEM).
         component_prior: normal-inverse-Wishart prior for MAP means/covariances (full only).
         initial_lower_bound: lower bound before the first iteration (warm starts).
-        backend: "auto", "pallas", "reference", "interpret" or "triton" (for the E-step).
+        backend: "auto", "pallas", "reference", "interpret", "triton" or "mosaic" (for the
+            E-step).
         precision: float32 matmul precision of the kernels, "highest", "tf32x3" or "f16x3"
             (the Triton E-step: float32, m <= 256; :func:`gpustat.mixture.suff_stats`).
         report_every: print every restart's iteration, lower bound and change every this
@@ -255,7 +257,8 @@ def check_em_arguments(X, init, *, sample_weight, tol, max_iter, reg_covar, weig
     weight_prior = check_weight_prior(weight_prior, X.dtype)
     component_prior = check_component_prior(component_prior, X.shape[1], X.dtype)
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em", precision)
+    path = mixture_ops.resolve_mixture_backend(backend, X.shape[1], "fit_em", precision,
+                                               dtype=X.dtype, n_components=one.n_components)
     return X, w, init, dict(weight_prior=weight_prior, component_prior=component_prior,
                             tol=tol, max_iter=max_iter, reg_covar=reg_covar, path=path,
                             precision=precision,
@@ -399,7 +402,9 @@ def online_em_step(state: OnlineEMState, X_batch: Float[Array, "b p"], *,
     if not 0.5 < kappa <= 1:
         raise ValueError(f"kappa must lie in (0.5, 1], got {kappa=}")
     check_precision(precision)
-    path = mixture_ops.resolve_mixture_backend(backend, p, "online_em_step", precision)
+    path = mixture_ops.resolve_mixture_backend(backend, p, "online_em_step", precision,
+                                               dtype=dtype,
+                                               n_components=state.params.n_components)
     return _online_em_step_jit(state, X_batch, reg_covar=reg_covar, kappa=kappa, path=path,
                                precision=precision)
 

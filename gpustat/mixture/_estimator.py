@@ -201,7 +201,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             with the restarts run side by side), and a line of the restarts' final lower
             bounds after fitting.
         verbose_interval: iterations between those lines.
-        backend: E-step backend, "auto", "pallas", "reference", "interpret" or "triton".
+        backend: E-step backend, "auto", "pallas", "reference", "interpret", "triton" or
+            "mosaic".
         precision: float32 matmul precision of the kernels, "highest", "tf32x3" or "f16x3"
             (the Triton E-step during ``fit``; densities then run at "highest").
 
@@ -508,7 +509,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Triton path); densities then run at "highest" on the default path."""
         if self.precision != "f16x3":
             return {"backend": self.backend, "precision": self.precision}
-        return {"backend": "auto" if self.backend == "triton" else self.backend,
+        return {"backend": "auto" if self.backend in ("triton", "mosaic") else self.backend,
                 "precision": "highest"}
 
     def _labels(self, X) -> np.ndarray:

@@ -4,8 +4,9 @@ Every op takes keyword-only ``backend`` ("auto" | "pallas" | "reference" | "inte
 and, for float32 inputs on a kernel backend, ``precision`` ("highest" = IEEE fp32 FMA,
 "tf32x3" = three TF32 tensor-core products; plain TF32 is never used). The E-step ops
 (``suff_stats`` and the EM drivers) also take ``precision="f16x3"``: the Triton E-step of
-:mod:`gpustat.triton.mixture` (``backend="triton"`` or ``"auto"``), three float16
-products over power-of-two-scaled operands, float32 only. float64 stays
+:mod:`gpustat.triton.mixture` (``backend="triton"`` or ``"auto"``) or its Mosaic GPU twin
+(``backend="mosaic"``, sm_90+), three float16 products over power-of-two-scaled
+operands, float32 only. float64 stays
 float64 on every backend; 16-bit inputs compute in float32. The kernels handle
 p <= 32 features. On a GPU "auto" runs the kernels for every dtype (faster than XLA's
 reference per EM iteration in float32 and float64: ``bench_mixture``). On
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from gpustat._backend import resolve_backend
+from gpustat._backend import mosaic_unavailable_reason, resolve_backend
 from gpustat.mixture._validation import (
     check_data,
     check_labels,
@@ -55,33 +56,42 @@ TRITON_OPS = ("suff_stats", "fit_em", "online_em_step")
 
 
 def resolve_mixture_backend(backend: str, n_features: int, op: str,
-                            precision: str = "highest") -> str:
-    """The concrete path ("pallas" | "interpret" | "reference" | "triton") for an op on p
-    features. precision="f16x3" is the Triton E-step's: ``"auto"`` then takes "triton"
-    where it can run (a CUDA GPU with jax-triton), else the reference."""
+                            precision: str = "highest", *, dtype=jnp.float32,
+                            n_components: int = 1) -> str:
+    """The concrete path ("pallas" | "interpret" | "reference" | "triton" | "mosaic") for
+    an op on p features. precision="f16x3" is the Triton and Mosaic GPU E-steps':
+    ``"auto"`` then takes the one ``AUTO_RULES`` names where it can run, else "triton"
+    where jax-triton is installed, else the reference."""
     if precision == "f16x3":
         if op not in TRITON_OPS:
-            raise ValueError(f"mixture.{op}: precision='f16x3' is the Triton E-step's "
-                             f"(ops {TRITON_OPS}); use 'highest' or 'tf32x3'")
+            raise ValueError(f"mixture.{op}: precision='f16x3' is the Triton E-step's (and its "
+                             f"Mosaic GPU twin's; ops {TRITON_OPS}); use 'highest' or 'tf32x3'")
         if backend in ("pallas", "interpret"):
-            raise ValueError(f"mixture.{op}: precision='f16x3' runs on backend='triton' "
-                             f"(or 'auto', 'reference'), got {backend=!r}")
-    elif backend == "triton" and op in TRITON_OPS:
-        raise ValueError(f"mixture.{op}: backend='triton' computes the E-step at "
+            raise ValueError(f"mixture.{op}: precision='f16x3' runs on backend='triton' or "
+                             f"'mosaic' (or 'auto', 'reference'), got {backend=!r}")
+    elif backend in ("triton", "mosaic") and op in TRITON_OPS:
+        raise ValueError(f"mixture.{op}: backend={backend!r} computes the E-step at "
                          f"precision='f16x3'; pass it explicitly, got {precision=!r}")
-    kernels = ("triton",) if precision == "f16x3" else ("pallas",)
+    kernels = ("triton", "mosaic") if precision == "f16x3" else ("pallas",)
+    unsupported = None
+    if precision == "f16x3" and backend in ("auto", "mosaic") and not mosaic_unavailable_reason():
+        from gpustat.pallas._mosaic_mixture import supports
+
+        reason = supports(dtype, n_features, n_components)
+        unsupported = {"mosaic": reason} if reason else None
     return resolve_backend(
         backend, op=f"mixture.{op}", capability="mixture", shape_class=f"{precision}/p{n_features}",
         kernels=kernels, kernel_supports=n_features <= _kernels.MAX_FEATURES,
         unsupported_reason=f"the kernels take p <= {_kernels.MAX_FEATURES} features, got "
-                           f"p={n_features}")
+                           f"p={n_features}", unsupported=unsupported)
 
 
 def _prepare(X, params, op, backend, precision):
     X = check_data(X)
     params = check_params(params, X.shape[1], X.dtype)
     check_precision(precision)
-    return X, params, resolve_mixture_backend(backend, X.shape[1], op, precision)
+    return X, params, resolve_mixture_backend(backend, X.shape[1], op, precision,
+                                              dtype=X.dtype, n_components=params.n_components)
 
 
 def _centred(X, params: MixtureParams):
@@ -231,9 +241,9 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
             deviation formed before its product, for ``m_step(..., pivot=pivot)``: the
             covariances keep their small eigenvalues wherever the components sit. The
             Triton E-step ("f16x3") takes no pivot.
-        backend: "auto", "pallas", "reference", "interpret" or "triton".
+        backend: "auto", "pallas", "reference", "interpret", "triton" or "mosaic".
         precision: float32 matmul precision on kernel backends: "highest", "tf32x3" or
-            "f16x3" (the Triton E-step, float32 X and m <= 256 only).
+            "f16x3" (the Triton or Mosaic GPU E-step, float32 X and m <= 256 only).
 
     Returns:
         :class:`SuffStats` with counts (m,), sum_x (m, p), sum_xx (m, p, p) and
@@ -242,8 +252,8 @@ def suff_stats(X: Float[Array, "n p"], params: MixtureParams,
     X, params, path = _prepare(X, params, "suff_stats", backend, precision)
     w = check_sample_weight(sample_weight, X.shape[0], X.dtype)
     if pivot is not None:
-        if path == "triton":
-            raise ValueError("pivot: the Triton E-step (precision='f16x3') accumulates "
+        if path in ("triton", "mosaic"):
+            raise ValueError(f"pivot: the {path} E-step (precision='f16x3') accumulates "
                              "moments about the origin only; use precision='highest'")
         pivot = jnp.asarray(pivot, X.dtype)
         if pivot.shape != params.means.shape:
@@ -277,6 +287,12 @@ def dispatch_suff_stats(X, params, w, *, path: str, precision: str,
         if pivot is not None:  # its quadratic-feature GEMM sums moments about the origin
             raise ValueError("the Triton E-step (precision='f16x3') takes no pivot")
         return triton_suff_stats(X, params, w)
+    if path == "mosaic":
+        from gpustat.pallas._mosaic_mixture import suff_stats as mosaic_suff_stats
+
+        if pivot is not None:
+            raise ValueError("the Mosaic GPU E-step (precision='f16x3') takes no pivot")
+        return mosaic_suff_stats(X, params, w)
     return _kernels.suff_stats(X, params, w, pivot=pivot, **_kernel_kwargs(path, precision))
 
 

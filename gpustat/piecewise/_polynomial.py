@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from gpustat._backend import piecewise_shape_class, resolve_backend
+from gpustat._backend import mosaic_unavailable_reason, piecewise_shape_class, resolve_backend
 from gpustat._checks import as_array, is_int
 from gpustat.reference import piecewise as ref
 
@@ -513,7 +513,8 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
         nu: derivative order >= 0 (use ``pp.antiderivative`` for integrals).
         backend: "auto" (on a CUDA GPU the kernel that ``gpustat._backend.AUTO_RULES``
             names for the call's class, the reference elsewhere), "pallas", "triton",
-            "interpret" or "reference".
+            "mosaic" (sm_90+: float32 compute, one polynomial, x.size a multiple of
+            128, no periodic extrapolation), "interpret" or "reference".
 
     Returns:
         (*x.shape, *t): x's dtype for floating x, else ``pp.dtype``. NaN x gives
@@ -538,8 +539,11 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(cdt)
     shape_class = piecewise_shape_class(pp.uniform, x.dtype, x.size, pp.coeffs.ndim == 2)
+    unsupported = (_mosaic_unsupported(pp, x, cdt)
+                   if backend in ("auto", "mosaic") and not mosaic_unavailable_reason() else None)
     path = resolve_backend(backend, op="ppoly_eval", capability="piecewise",
-                           shape_class=shape_class, kernels=("pallas", "triton"))
+                           shape_class=shape_class, kernels=("pallas", "triton", "mosaic"),
+                           unsupported=unsupported)
     if _is_concrete(pp.breakpoints, pp.coeffs):
         # A constant polynomial (also one closed over inside jit): derive its
         # operands now, so the kernel tables are built once on the host.
@@ -564,6 +568,15 @@ def ppoly_eval(pp: PiecewisePolynomial, x: Float[ArrayLike, " *s"], *, nu: int =
     return y
 
 
+def _mosaic_unsupported(pp, x, cdt) -> dict[str, str]:
+    """{"mosaic": why the Mosaic GPU kernel cannot evaluate this call}, or {}."""
+    from gpustat.pallas._mosaic_piecewise import supports
+
+    points = 1 << 16 if _looks_up_16bit(x) else x.size  # 16-bit x: its value table
+    reason = supports(cdt, pp.trailing_shape, pp.coeffs.shape[1], points, pp.extrapolate)
+    return {"mosaic": reason} if reason else {}
+
+
 class _KernelTables(NamedTuple):
     """What the kernels read besides x (a pytree: arrays or None)."""
 
@@ -573,6 +586,7 @@ class _KernelTables(NamedTuple):
     guide: tuple | None  # guide_tables (concrete breakpoints only)
     sides: Array | None  # side_rows (guided float32 tables of one polynomial)
     values16: Array | None = None  # the polynomial at every 16-bit x (_cached_values16)
+    packed: Array | None = None  # the Mosaic GPU kernel's table (pack_tables)
 
 
 def _looks_up_16bit(x) -> bool:
@@ -605,22 +619,25 @@ def _every_value(dtype) -> np.ndarray:
 
 
 def _cached_tables(pp, breakpoints, coeffs, nu, path):
-    """Kernel tables and, for the Triton kernel, the guide of its bucketed lookup (None
-    unless the breakpoints are concrete) and for one float32 polynomial its side rows
-    (or None); for a concrete polynomial built once on the host."""
-    triton = path == "triton"
+    """Kernel tables and, for the Triton and Mosaic GPU kernels, the guide of their
+    bucketed lookup (None unless the breakpoints are concrete) and for one float32
+    polynomial its side rows (or None), packed into one array for the Mosaic GPU
+    kernel; for a concrete polynomial built once on the host."""
+    guided = path in ("triton", "mosaic")
     if not _is_concrete(breakpoints, coeffs):
-        return _tables(breakpoints, coeffs, pp.uniform, triton and _is_concrete(breakpoints))
+        return _tables(breakpoints, coeffs, pp.uniform, guided and _is_concrete(breakpoints),
+                       path == "mosaic")
     cache = pp.__dict__.setdefault("_kernel_tables", {})
-    key = (nu, coeffs.dtype.name, triton)
+    key = (nu, coeffs.dtype.name, guided, path == "mosaic")
     if key not in cache:
-        cache[key] = _tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform, triton)
+        cache[key] = _tables(np.asarray(breakpoints), np.asarray(coeffs), pp.uniform, guided,
+                             path == "mosaic")
     return cache[key]
 
 
-def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
+def _tables(breakpoints, coeffs, uniform: bool, guided: bool, packed: bool = False):
     """The :class:`_KernelTables` of ``_cached_tables`` (no 16-bit values; ``guided``:
-    with the Triton kernel's guide and side rows)."""
+    with the guide and side rows; ``packed``: with the Mosaic GPU kernel's table)."""
     from gpustat.reference.piecewise import guide_tables, kernel_tables, side_rows
 
     keys, rows, params = kernel_tables(breakpoints, coeffs, uniform)
@@ -628,7 +645,12 @@ def _tables(breakpoints, coeffs, uniform: bool, guided: bool):
     # float32 (one polynomial) takes the knot-free lookup; float64 keeps its knots
     sides = (side_rows(guide[2], rows, coeffs.shape[0] - 1)
              if guide is not None and rows.ndim == 2 and rows.dtype == np.float32 else None)
-    return _KernelTables(keys, rows, params, guide, sides)
+    table = None
+    if packed:
+        from gpustat.pallas._mosaic_piecewise import pack_tables
+
+        table = pack_tables(keys, rows, params, guide, sides)
+    return _KernelTables(keys, rows, params, guide, sides, packed=table)
 
 
 def _dispatch(breakpoints, coeffs, x, tables, config):
@@ -650,14 +672,25 @@ def _dispatch(breakpoints, coeffs, x, tables, config):
 
 
 def _kernel_eval(breakpoints, coeffs, x, tables, extrapolate, uniform, path):
-    """The Pallas, interpreted or Triton kernel at every x."""
+    """The Pallas, interpreted, Triton or Mosaic GPU kernel at every x."""
     from gpustat.pallas.piecewise import ppoly_eval_tables
     from gpustat.reference.piecewise import kernel_tables
 
     if tables is None:
         tables = _KernelTables(*kernel_tables(breakpoints, coeffs, uniform), None, None)
-    keys, rows, params, guide, sides, _ = tables
+    keys, rows, params, guide, sides, _, packed = tables
     trailing = coeffs.shape[2:]
+    if path == "mosaic":  # float32, one polynomial (_mosaic_unsupported)
+        from gpustat.pallas._mosaic_piecewise import pack_tables, ppoly_eval_mosaic
+
+        if packed is None:
+            packed = pack_tables(keys, rows, params, guide, sides)
+        kind = "guided" if sides is not None else "uniform" if uniform else "search"
+        y = ppoly_eval_mosaic(packed, x.reshape(-1).astype(jnp.float32), lookup_kind=kind,
+                              num_pieces=coeffs.shape[1], degree=coeffs.shape[0] - 1,
+                              buckets=guide[0].shape[0] if sides is not None else 0,
+                              extrapolate=extrapolate)
+        return y.astype(x.dtype).reshape(x.shape)
     if path == "triton":  # one launch; trailing polynomials share each point's search
         from gpustat.triton.piecewise import ppoly_eval_triton
 

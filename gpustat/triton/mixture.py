@@ -32,16 +32,18 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import triton
 import triton.language as tl
 
 from gpustat._arrays import next_pow2, over_row_chunks, row_weights
+from gpustat.reference._mixture_split import MIN_EXP as _MIN_EXP
+from gpustat.reference._mixture_split import SPLIT_EXP as _SPLIT_EXP
+from gpustat.reference._mixture_split import split_features as _split_features
+from gpustat.reference._mixture_split import split_weights as _split_weights
 from gpustat.reference.mixture import (
     MixtureParams,
     SuffStats,
     n_features,
-    quadratic_features,
     quadratic_weights,
     stats_from_quadratic,
 )
@@ -55,46 +57,6 @@ _BLOCK_M = 128  # density rows per program (= the responsibilities' scaling bloc
 _BLOCK_F = 32  # features per k-step (both kernels)
 _STATS_ROWS = 64  # rows per statistics k-step
 _STATS_SPLITS = 132  # row ranges of the statistics grid: one per SM of a 132-SM GPU
-_SPLIT_EXP = 14  # operands scaled to |v| <= 2^14: float16 hi and lo stay normal
-_MIN_EXP = -100.0  # responsibilities below 2^-100 of a whole block count as zero
-
-
-def _pow2_scale(bound):
-    """2^(14 - ceil(log2 bound)): brings |v| <= bound to |v| <= 2^14."""
-    return jnp.exp2(_SPLIT_EXP - jnp.ceil(jnp.log2(jnp.maximum(bound, 1e-30))))
-
-
-def _split_f16(v):
-    """v = hi + lo in float16. hi rounds v to 11 significant bits with integer operations
-    (XLA folds an f32 -> f16 -> f32 convert pair away); v - hi is exact in float32."""
-    bits = jax.lax.bitcast_convert_type(v, jnp.uint32)
-    hi = jax.lax.bitcast_convert_type((bits + jnp.uint32(0x1000)) & jnp.uint32(0xFFFFE000),
-                                      jnp.float32)
-    return hi.astype(jnp.float16), (v - hi).astype(jnp.float16)
-
-
-def _split_features(X, F_pad):
-    """Scaled split features (hi, lo (n, F_pad) float16) and the per-feature scales s."""
-    p = X.shape[1]
-    bound_x = jnp.max(jnp.abs(X), axis=0)
-    a, b = np.triu_indices(p)
-    # bound 1 for the constant feature and the zero padding
-    bound = jnp.concatenate([bound_x[a] * bound_x[b], bound_x,
-                             jnp.ones(F_pad - n_features(p) + 1, X.dtype)])
-    s = _pow2_scale(bound)
-    Phi = jnp.pad(quadratic_features(X), ((0, 0), (0, F_pad - n_features(p))))
-    return (*_split_f16(Phi * s), s)
-
-
-def _split_weights(W, s, K):
-    """W / s scaled per component to <= 2^14 and split; (hi, lo (F_pad, K), 1 / scale, bias)
-    with bias -inf on the K - m padded components."""
-    F, m = W.shape
-    W = jnp.pad(W, ((0, s.shape[0] - F), (0, K - m))) / s[:, None]
-    c = _pow2_scale(jnp.max(jnp.abs(W), axis=0))
-    hi, lo = _split_f16(W * c[None, :])
-    bias = jnp.where(jnp.arange(K) < m, 0.0, -jnp.inf).astype(jnp.float32)
-    return hi, lo, 1.0 / c, bias
 
 
 @triton.jit
