@@ -157,8 +157,10 @@ def _jets(score, link, beta_h, beta_w, z, a, b, s_f):
 # ----------------------------------------------------------------------------- one row
 
 
-def _partition(score_bp, link_bp, a, b):
-    """Cell slots of one row: (lo, hi, probe, valid), each (k,)."""
+def _partition(score_bp, link_bp, a, b, far_cuts=True):
+    """Cell slots of one row: (lo, hi, probe, valid), each (k,), or (k - 2,) without the
+    cuts at |z| = 40 (``far_cuts=False``, for integrals clipped inside |z| <= 40: a cut
+    there would only split a cell whose pieces are the same on both sides)."""
     pts = []
     if score_bp is not None:
         pts.append(score_bp)
@@ -167,9 +169,11 @@ def _partition(score_bp, link_bp, a, b):
         pts.append(jnp.where(moving, (link_bp - a) / jnp.where(moving, b, 1.0), jnp.nan))
     pts = jnp.concatenate(pts) if pts else jnp.zeros(0)
     # a finite cell reaching past |z| = 40 is cut there (the integrand is 0 in float64)
-    cuts = jnp.stack([jnp.where(jnp.any(pts < -QUAD_HALF_WIDTH), -QUAD_HALF_WIDTH, jnp.nan),
-                      jnp.where(jnp.any(pts > QUAD_HALF_WIDTH), QUAD_HALF_WIDTH, jnp.nan)])
-    pts = jnp.sort(jnp.concatenate([pts, cuts]))          # NaN (unused) slots sort last
+    if far_cuts:
+        cuts = jnp.stack([jnp.where(jnp.any(pts < -QUAD_HALF_WIDTH), -QUAD_HALF_WIDTH, jnp.nan),
+                          jnp.where(jnp.any(pts > QUAD_HALF_WIDTH), QUAD_HALF_WIDTH, jnp.nan)])
+        pts = jnp.concatenate([pts, cuts])
+    pts = jnp.sort(pts)                                   # NaN (unused) slots sort last
     lo = jnp.concatenate([jnp.array([-jnp.inf]), pts])
     hi = jnp.concatenate([pts, jnp.array([jnp.inf])])
     last = jnp.sum(~jnp.isnan(pts))                       # slot of the right tail
@@ -187,7 +191,7 @@ def _partition(score_bp, link_bp, a, b):
 def _calibration(score, link, a, b, q, s_f, nodes):
     """F(a) - Φ(q) and F_a of one row by Gauss-Legendre with ``nodes`` per panel."""
     lo, hi, probe, valid = _partition(None if score is None else score[0],
-                                      None if link is None else link[0], a, b)
+                                      None if link is None else link[0], a, b, far_cuts=False)
     c, slope = jax.vmap(lambda z: _eta_and_slope(score, link, z, a, b, s_f))(probe)
     half_width = jnp.minimum(QUAD_HALF_WIDTH, jnp.sqrt(q * q + TAIL_EXPONENT))
     lo = jnp.where(valid, jnp.clip(lo, -half_width, half_width), 0.0)
