@@ -228,10 +228,12 @@ DIM_CLASSES = ({4: 4, 8: 3, 16: 2, 32: 2} if SMALL
                else {4: 20_000, 8: 10_000, 16: 4_000, 32: 1_000})
 DIM_ROWS = (8, 20) if SMALL else (8, 64)
 DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20} if not SMALL else {4: 2, 8: 2, 16: 2, 32: 2}
-# d = 8 runs the unrolled row pass; its (rows, K) tiles per latent coordinate (2 d of
-# them live) may spill at 2 warps: the full run also times 4 and 8 warps there
-D8_CONFIGS = {"e64": KernelConfig(elems_per_warp=64), "e32w8": KernelConfig(elems_per_warp=32,
-                                                                           max_warps=8)}
+# d = 8 runs the unrolled row pass, whose per-chunk live set (2 d tiles of 16 x K rows
+# plus d (d + 1) / 2 row vectors) is about 4x d = 4's: the full run also times it at 4 and
+# 8 warps and on the looped row factorisation (tiles padded to 16)
+D8_CONFIGS = {"e64": KernelConfig(elems_per_warp=64),
+              "e32w8": KernelConfig(elems_per_warp=32, max_warps=8),
+              "looped": KernelConfig(unrolled_d=4)}
 # The charter single-system shape (spec B.7): one atom of N = 5000 rows, d = 16, k = 6,
 # rho = 1e-9. Its assembled dense matrix is 80,006^2 (51 GB), so scipy's cho_factor on it
 # runs at CHARTER_DENSE_ROWS rows and is extrapolated by the cube of the size; the
