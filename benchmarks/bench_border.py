@@ -21,10 +21,11 @@ of the 2766 GB/s copy; XLA reference 49.25 ms, 7.5x); a 64-row cap 13.6-13.9 ms,
 (weak-typed ridges, fixed since), so the split per stage is not yet measured.
 
 ``--quick`` runs issue 37's acceptance cases alone: the d = 4, 8, 16, 32 classes (the
-default kernel, the XLA reference and the scipy loop on a subset, same run) and the
-charter shape (one atom, N = 5000, d = 16, k = 6: the kernel beside scipy's cho_factor on
-the assembled dense system). ``GPUSTAT_BENCH_SMALL=1`` shrinks those to a few atoms and
-runs the kernels in interpret mode (CPU smoke run).
+default kernel, the XLA reference and the scipy loop on a subset, same run; d = 8 also
+with the ``D8_CONFIGS``) and the charter shape (one atom, N = 5000, d = 16, k = 6: the
+kernel beside scipy's cho_factor on the assembled dense system).
+``GPUSTAT_BENCH_SMALL=1`` shrinks those to a few atoms and runs the kernels in interpret
+mode (CPU smoke run).
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ DIM_CLASSES = ({4: 4, 8: 3, 16: 2, 32: 2} if SMALL
 DIM_ROWS = (8, 20) if SMALL else (8, 64)
 DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20} if not SMALL else {4: 2, 8: 2, 16: 2, 32: 2}
 # d = 8 runs the unrolled row pass, whose per-chunk live set (2 d tiles of 16 x K rows
-# plus d (d + 1) / 2 row vectors) is about 4x d = 4's: the full run also times it at 4 and
-# 8 warps and on the looped row factorisation (tiles padded to 16)
+# plus d (d + 1) / 2 row vectors) is about 4x d = 4's: every run (--quick too) also times
+# it at 4 and 8 warps and on the looped row factorisation (tiles padded to 16)
 D8_CONFIGS = {"e64": KernelConfig(elems_per_warp=64),
               "e32w8": KernelConfig(elems_per_warp=32, max_warps=8),
               "looped": KernelConfig(unrolled_d=4)}
@@ -337,7 +338,7 @@ def dimension_classes(rec: Recorder, quick: bool) -> None:
                 best = (path, timing)
         if d > kernels.MAX_UNROLLED_D and not quick:
             sweep_wide_configs(rec, f"d{d}", batch, RIDGE, want, quick)
-        if d == kernels.MAX_UNROLLED_D and not quick:
+        if d == kernels.MAX_UNROLLED_D and not SMALL:
             ridges = jnp.full((b,), RIDGE)
             for name, config in D8_CONFIGS.items():
                 kernel = jax.jit(lambda bt, c=config, r=ridges: solve_border_pallas(
