@@ -21,8 +21,9 @@ the same size:
 * ``newton`` (``--quick`` runs these alone, issue 37's acceptance cases), at n rows of a
   model simulated from known coefficients (p_m = 14, p_g = 12, p_h = 10, p_w = 8,
   r = 20): ``params_to_rows`` (joint coefficients -> :class:`gpustat.bms.BmsRows`,
-  Stage 0 and Stage 1, one jitted function) beside ``stage2_on_params_rows`` (Stage 2
-  on those rows, same run; target: rows no slower than Stage 2); ``fit_cold`` (the first
+  Stage 0 and Stage 1, one jitted function) and ``params_to_stage0`` (Stage 0 alone)
+  beside ``stage2_on_params_rows`` (Stage 2 on those rows, same run; target: rows no
+  slower than Stage 2); ``fit_cold`` (the first
   ``bms.fit`` of the process, compilation included) and ``fit_warm``; and
   ``newton_iteration``: ``bms.fit`` with ``max_iterations=2`` minus ``max_iterations=1``
   from the same start, i.e. one Newton step (joint HVPs in preconditioned CG, the line
@@ -196,6 +197,7 @@ def run_newton(rec: Recorder) -> None:
     import time
 
     from gpustat.bms._rows import build_row_arrays
+    from gpustat.bms._stage0 import basis_table, build_row_fields
 
     n = NEWTON_ROWS
     x, g, score, link, z_obs, y, w, s_f, beta_true = _newton_problem(n)
@@ -248,6 +250,11 @@ def run_newton(rec: Recorder) -> None:
     def params_to_rows(bm, bg, bh, bw):
         return bms.build_rows(xj @ bm, gj @ bg, bh, bw, score, link, z_obs, y, w, s_f)
 
+    @jax.jit
+    def params_to_stage0(bm, bg, bh, bw):
+        return build_row_fields(basis_table(score), basis_table(link), bh, bw, xj @ bm, gj @ bg,
+                                z_obs, y, w, s_f)
+
     rows = params_to_rows(bm, bg, bh, bw)
     q, b = np.asarray(rows.q[:64]), np.asarray(rows.b[:64])
     host_a = build_row_arrays(q, b, np.asarray(bh), np.asarray(bw), score, link, z_obs[:64],
@@ -256,10 +263,15 @@ def run_newton(rec: Recorder) -> None:
     stage2 = jax.jit(bms.row_derivatives)
     assert bool(jnp.all(stage2(rows).status == 0))
     t_rows = time_fn(params_to_rows, [(bm, bg, bh, bw)], warmup=1)
+    t_stage0 = time_fn(params_to_stage0, [(bm, bg, bh, bw)], warmup=1)
     t_stage2 = time_fn(stage2, [(rows,)], warmup=1)
     rec.record("params_to_rows", shape=(n, 20, rows.n_cells), dtype="float64", backend="auto",
                timing=t_rows, items=n, item_name="rows", baseline="stage2_on_params_rows",
                extra={"ratio_to_stage2": t_rows.median_ms / t_stage2.median_ms,
+                      "target_ratio": 1.0})
+    rec.record("params_to_stage0", shape=(n, 20, rows.n_cells), dtype="float64", backend="xla",
+               timing=t_stage0, items=n, item_name="rows", baseline="stage2_on_params_rows",
+               extra={"ratio_to_stage2": t_stage0.median_ms / t_stage2.median_ms,
                       "target_ratio": 1.0})
     rec.record("stage2_on_params_rows", shape=(n, 20, rows.n_cells), dtype="float64",
                backend="auto", timing=t_stage2, items=n, item_name="rows")
