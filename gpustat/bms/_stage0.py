@@ -5,10 +5,10 @@ A.2), written per row and vmapped, so that model parameters -> rows is traceable
 (``jax.jit``, ``jax.grad``) and runs where the later stages run:
 
 1. a_i solves ``F(a) = ∫ Φ(η(z; a)) φ(z) dz - Φ(q_i) = 0`` by Newton from the rigid
-   solution ``q √(1 + S_f² b²)/S_f``, as a ``lax.while_loop`` per row (vmapped: every
-   row stops on its own test). F and F_a are integrated per cell by Gauss-Legendre on
-   two panels (cut where an affine η crosses 0, else at the midpoint) of the cell
-   clipped to |z| <= L = min(40, √(q² + TAIL_EXPONENT)); for q > 0 as
+   solution ``q √(1 + S_f² b²)/S_f`` (or a given start), as a ``lax.while_loop`` per
+   row (vmapped: every row stops on its own test). F and F_a are integrated per cell by
+   Gauss-Legendre on two panels (cut where an affine η crosses 0, else at the midpoint)
+   of the cell clipped to |z| <= L = min(40, √(q² + TAIL_EXPONENT)); for q > 0 as
    ``Φ(-q) - ∫ Φ(-η) φ dz``. The clip drops at most 2 Φ(-L) <= 2 e^(-TAIL_EXPONENT/2)
    Φ(-|q|) (the integrand is at most φ(z) whatever η is), below 1e-19 Φ(-|q|), so
    the panels sit where the mass is and few nodes resolve them: the iteration first
@@ -244,27 +244,29 @@ def _fold(table, beta):
     return bp, left, jnp.einsum("kjc,j->kc", pieces, beta)
 
 
-def _solve_row(score, link, q, b, s_f, coarse_nodes, fine_nodes):
-    a0 = q * jnp.sqrt(1.0 + (s_f * b) ** 2) / s_f
+def _solve_row(score, link, q, b, s_f, a_start, coarse_nodes, fine_nodes):
+    rigid = q * jnp.sqrt(1.0 + (s_f * b) ** 2) / s_f
+    a0 = jnp.where(jnp.isfinite(a_start), a_start, rigid)
     a, status, it = _newton(score, link, q, b, s_f, a0, coarse_nodes, COARSE_TOL)
     # a coarse failure restarts from the rigid solution on the fine rule
-    a = jnp.where(status == CalibrationStatus.OK, a, a0)
+    a = jnp.where(status == CalibrationStatus.OK, a, rigid)
     a, status, it_fine = _newton(score, link, q, b, s_f, a, fine_nodes, FINE_TOL)
     return a, status, it + it_fine
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
-def _intercepts(score, link, beta_h, beta_w, q, b, s_f, coarse_nodes, fine_nodes):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9))
+def _intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start, coarse_nodes, fine_nodes):
     folded = _fold(score, beta_h), _fold(link, beta_w)
-    return jax.vmap(lambda qq, bb: _solve_row(*folded, qq, bb, s_f, coarse_nodes, fine_nodes))(
-        q, b)
+    return jax.vmap(lambda qq, bb, aa: _solve_row(*folded, qq, bb, s_f, aa, coarse_nodes,
+                                                  fine_nodes))(q, b, a_start)
 
 
 @_intercepts.defjvp
 def _intercepts_jvp(coarse_nodes, fine_nodes, primals, tangents):
     a, status, it = _intercepts(*primals, coarse_nodes, fine_nodes)
 
-    def residual(score, link, beta_h, beta_w, q, b, s_f, a):
+    # the root does not depend on where the iteration starts: a_start has no tangent
+    def residual(score, link, beta_h, beta_w, q, b, s_f, a_start, a):
         folded = _fold(score, beta_h), _fold(link, beta_w)
         return jax.vmap(lambda qq, bb, aa: _calibration(*folded, aa, bb, qq, s_f, fine_nodes))(
             q, b, a)
@@ -276,15 +278,19 @@ def _intercepts_jvp(coarse_nodes, fine_nodes, primals, tangents):
                              jnp.broadcast_to(zero, it.shape))
 
 
-def calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, *,
+def calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, *, a_start=None,
                          coarse_nodes: int = COARSE_NODES, fine_nodes: int = FINE_NODES):
     """Intercepts a (n,), :class:`CalibrationStatus` (n,) int32 and Newton steps (n,).
 
     ``score``/``link`` are :func:`basis_table` tables or None; the rest (traceable):
-    beta_h (p_h,), beta_w (p_w,), q, b (n,), s_f (). Differentiable in every
-    floating argument (implicit function theorem).
+    beta_h (p_h,), beta_w (p_w,), q, b (n,), s_f (). ``a_start`` (n,): where each row's
+    iteration starts (a fitting loop passes the intercepts of its last iterate); NaN
+    entries and the default None start from the rigid solution. Differentiable in every
+    floating argument but ``a_start`` (implicit function theorem).
     """
-    return _intercepts(score, link, beta_h, beta_w, q, b, s_f, coarse_nodes, fine_nodes)
+    a_start = jnp.full(jnp.shape(q), jnp.nan) if a_start is None else jnp.asarray(a_start)
+    return _intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start, coarse_nodes,
+                       fine_nodes)
 
 
 def observed_neglog(score, link, beta_h, beta_w, a, b, z_obs, y, w, s_f):
@@ -298,20 +304,22 @@ def observed_neglog(score, link, beta_h, beta_w, a, b, z_obs, y, w, s_f):
     return probit_factors(e_obs, y, w)[0]
 
 
-def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *,
+def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *, a_start=None,
                      coarse_nodes: int = COARSE_NODES, fine_nodes: int = FINE_NODES):
     """Stage 0 of n rows: every :class:`gpustat.bms.BmsRows` field but the moments.
 
     Args:
         score, link: :func:`basis_table` tables (host numpy) or None.
         beta_h (p_h,), beta_w (p_w,), q, b, z_obs, y, w (n,), s_f (): float64, traceable.
+        a_start: (n,) or None, where the intercept iterations start
+            (:func:`calibrate_intercepts`).
 
     Returns:
         (fields, valid, calibration status): ``fields`` holds the cells of row i in slots
         ``[k i, k (i + 1))`` (k = :func:`cells_per_row`), ``valid`` (n, k) marks the
         cells that are not padding; status (n,) int32 :class:`CalibrationStatus`.
     """
-    a, status, _ = calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f,
+    a, status, _ = calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start=a_start,
                                         coarse_nodes=coarse_nodes, fine_nodes=fine_nodes)
     score_bp = None if score is None else score[0]
     link_bp = None if link is None else link[0]
