@@ -123,3 +123,20 @@ def test_device_intercepts_equal_host_on_steep_and_far_rows():
         bms_stage0.basis_table(SCORE), bms_stage0.basis_table(LINK), beta_h, beta_w, q, b, 0.6)
     assert np.all(np.asarray(status) == bms_stage0.CalibrationStatus.OK)
     _assert_close_scaled(a, want, 1e-12, "a")
+
+
+def test_calibration_from_a_given_start(host_and_device):
+    # a fitting loop starts each row at its last intercept: the host's root is reached in
+    # one coarse and one fine step from a start 1e-9 away, and a NaN start means the rigid one
+    params, host = host_and_device
+    q, b, beta_h, beta_w = params[:4]
+    tables = bms_stage0.basis_table(SCORE), bms_stage0.basis_table(LINK)
+    want = np.asarray(host.a)
+    start = want + 1e-9
+    start[0] = np.nan
+    a, status, steps = jax.jit(bms_stage0.calibrate_intercepts)(
+        *tables, beta_h, beta_w, q, b, S_F, a_start=start)
+    assert np.all(np.asarray(status) == bms_stage0.CalibrationStatus.OK)
+    _assert_close_scaled(a, want, 1e-12, "a")
+    steps = np.asarray(steps)
+    assert np.all(steps[1:] == 2) and steps[0] > 2, steps
