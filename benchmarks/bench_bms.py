@@ -18,6 +18,20 @@ the same size:
 * ``params`` (opt in: ``GPUSTAT_BMS_CASES=params``): model parameters -> row Hessians,
   one jitted function (Stage 0 on the device, Stage 1, Stage 2) at ``PARAMS_ROWS`` rows
   with p_h = 4, p_w = 3, after checking its intercepts against the host builder.
+* ``newton`` (``--quick`` runs these alone, issue 37's acceptance cases), at n rows of a
+  model simulated from known coefficients (p_m = 14, p_g = 12, p_h = 10, p_w = 8,
+  r = 20): ``params_to_rows`` (joint coefficients -> :class:`gpustat.bms.BmsRows`,
+  Stage 0 and Stage 1, one jitted function) and ``params_to_stage0`` (Stage 0 alone)
+  beside ``stage2_on_params_rows`` (Stage 2 on those rows, same run; target: rows no
+  slower than Stage 2); ``fit_cold`` (the first
+  ``bms.fit`` of the process, compilation included; a unit ridge on β_h and β_w) and
+  ``fit_warm``; and
+  ``newton_iteration``: ``bms.fit`` with ``max_iterations=2`` minus ``max_iterations=1``
+  from the same start, i.e. one Newton step (joint HVPs in preconditioned CG, the line
+  search's trial intercepts) plus one evaluation of Stage 0, 1 and 2 at the new iterate
+  (target <= 50 ms at n = 195,000). The intercepts of the first 64 rows are checked
+  against the host builder first. ``GPUSTAT_BENCH_SMALL=1`` runs them at 500 rows
+  (CPU smoke run).
 
 Order: the joint operators first (on the Stage-2 reference's Hessians), then Stage 1,
 then Stage 2. Kernel block settings are swept per case; a setting that fails to compile
@@ -49,8 +63,11 @@ REFERENCE_CHUNKS = 4
 # (4, 4) 9.54.
 STAGE2_CONFIGS = [(4, 2), (4, 1), (8, 2), (4, 4)]
 PARAMS_ROWS = 4000
+SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
+NEWTON_ROWS = 500 if SMALL else N_ROWS
+PENALTY = 1.0
 # which parts run: GPUSTAT_BMS_CASES=stage2 times Stage 2 alone
-CASES = os.environ.get("GPUSTAT_BMS_CASES", "joint,stage1,stage2").split(",")
+CASES = os.environ.get("GPUSTAT_BMS_CASES", "joint,stage1,stage2,newton").split(",")
 
 
 def _seed_rows(rng):
@@ -155,12 +172,131 @@ def run_params(rec: Recorder) -> None:
                timing=timing, items=n, item_name="rows")
 
 
+def _newton_problem(n: int, seed: int = 0):
+    """A BMS problem of n rows simulated from known coefficients: (x, g, score basis, link
+    basis, z_obs, y, w, s_f, true coefficients). y ~ Bernoulli(Φ(η(z_obs))) with η from
+    :func:`gpustat.bms.build_rows` at the true coefficients."""
+    rng = np.random.default_rng(seed)
+    score = bms.flat_cubic_basis(np.linspace(-3.0, 3.0, 12))     # p_h = 10
+    link = bms.flat_cubic_basis(np.linspace(-4.0, 4.0, 10))      # p_w = 8
+    x = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, P_M - 1)) * 0.5], axis=1)
+    g = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, P_G - 1)) * 0.2], axis=1)
+    beta = np.concatenate([[0.2], rng.normal(size=P_M - 1) * 0.3, [0.9],
+                           rng.normal(size=P_G - 1) * 0.2, rng.normal(size=10) * 0.15,
+                           rng.normal(size=8) * 0.1])
+    z_obs, w, s_f = rng.normal(size=n), np.ones(n), 0.9
+    bm, bg, bh, bw = np.split(beta, np.cumsum([P_M, P_G, 10]))
+    rows = jax.jit(lambda q, b: bms.build_rows(q, b, bh, bw, score, link, z_obs, np.zeros(n),
+                                               w, s_f))(x @ bm, g @ bg)
+    p_obs = np.asarray(jax.scipy.special.ndtr(rows.e_obs))
+    y = (rng.random(n) < p_obs).astype(np.float64)
+    return x, g, score, link, z_obs, y, w, s_f, beta
+
+
+def run_newton(rec: Recorder) -> None:
+    """Issue 37's loop cases at NEWTON_ROWS rows: parameters -> rows beside Stage 2, one
+    Newton iteration of ``bms.fit``, a whole fit from a cold start (module docstring)."""
+    import time
+
+    from gpustat.bms._rows import build_row_arrays
+    from gpustat.bms._stage0 import basis_table, build_row_fields, calibrate_intercepts
+
+    n = NEWTON_ROWS
+    x, g, score, link, z_obs, y, w, s_f, beta_true = _newton_problem(n)
+    p_total = beta_true.size
+    shape = (n, 20, p_total)
+
+    # the spline coefficients carry a unit ridge: the bases sum to one, so a constant shift
+    # of h or w only moves the calibrated intercept (a flat direction of the likelihood)
+    penalty = np.diag(np.r_[np.zeros(P_M + P_G), np.full(p_total - P_M - P_G, PENALTY)])
+    # whole fit from a cold start: the first call compiles the loop
+    fit = lambda max_iterations: bms.fit(x, g, score, link, z_obs, y, w, s_f,  # noqa: E731
+                                         penalty=penalty, max_iterations=max_iterations)
+    start = time.perf_counter()
+    result = jax.block_until_ready(fit(50))
+    cold_s = time.perf_counter() - start
+    warm_s = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(fit(50))
+        warm_s.append(time.perf_counter() - start)
+    report = {"status": int(result.status), "iterations": int(result.iterations),
+              "cg_iterations": int(result.cg_iterations), "objective": float(result.objective),
+              "gradient_norm": float(result.gradient_norm)}
+    if int(result.status) != bms.FitStatus.CONVERGED:
+        print(f"[bms] fit did not converge: {report}", flush=True)
+    rec.record("fit_cold", shape=shape, dtype="float64", backend="auto", timing=None,
+               extra={"seconds": cold_s, "spline_ridge": PENALTY, **report})
+    rec.record("fit_warm", shape=shape, dtype="float64", backend="auto", timing=None,
+               extra={"seconds_min": min(warm_s), "seconds": warm_s, **report})
+
+    # one Newton iteration: two iterations minus one, the same compiled loop
+    one, two = fit(1), fit(2)
+    assert int(one.status) == int(two.status) == bms.FitStatus.MAX_ITERATIONS, (one, two)
+    assert float(two.objective) < float(one.objective), (one, two)
+    t1 = time_fn(fit, [(1,)], warmup=1, calls_per_repeat=1)
+    t2 = time_fn(fit, [(2,)], warmup=1, calls_per_repeat=1)
+    rec.record("fit_1_iteration", shape=shape, dtype="float64", backend="auto", timing=t1,
+               extra={"cg_iterations": int(one.cg_iterations)})
+    rec.record("fit_2_iterations", shape=shape, dtype="float64", backend="auto", timing=t2,
+               extra={"cg_iterations": int(two.cg_iterations)})
+    newton_ms = t2.median_ms - t1.median_ms
+    rec.record("newton_iteration", shape=shape, dtype="float64", backend="auto", timing=None,
+               extra={"median_ms": newton_ms, "target_ms": 50.0,
+                      "cg_iterations": int(two.cg_iterations) - int(one.cg_iterations),
+                      "note": "fit(max_iterations=2) - fit(max_iterations=1): one Newton-CG "
+                              "step with its line search and Stages 0-2 at the new iterate"})
+
+    # parameters -> rows (Stage 0 + Stage 1) beside Stage 2 on the same rows
+    bm, bg, bh, bw = (jnp.asarray(v) for v in np.split(result.beta, np.cumsum([P_M, P_G, 10])))
+    xj, gj = jnp.asarray(x), jnp.asarray(g)
+
+    @jax.jit
+    def params_to_rows(bm, bg, bh, bw):
+        return bms.build_rows(xj @ bm, gj @ bg, bh, bw, score, link, z_obs, y, w, s_f)
+
+    @jax.jit
+    def params_to_stage0(bm, bg, bh, bw):
+        return build_row_fields(basis_table(score), basis_table(link), bh, bw, xj @ bm, gj @ bg,
+                                z_obs, y, w, s_f)
+
+    rows = params_to_rows(bm, bg, bh, bw)
+    # the vmapped calibration loops run as long as the slowest row
+    steps = np.asarray(calibrate_intercepts(basis_table(score), basis_table(link), bh, bw,
+                                            rows.q, rows.b, s_f)[2])
+    q, b = np.asarray(rows.q[:64]), np.asarray(rows.b[:64])
+    host_a = build_row_arrays(q, b, np.asarray(bh), np.asarray(bw), score, link, z_obs[:64],
+                              y[:64], w[:64], s_f)["a"]
+    check_close("newton rows intercepts", rows.a[:64], host_a, rtol=1e-12, atol=1e-12)
+    stage2 = jax.jit(bms.row_derivatives)
+    assert bool(jnp.all(stage2(rows).status == 0))
+    t_rows = time_fn(params_to_rows, [(bm, bg, bh, bw)], warmup=1)
+    t_stage0 = time_fn(params_to_stage0, [(bm, bg, bh, bw)], warmup=1)
+    t_stage2 = time_fn(stage2, [(rows,)], warmup=1)
+    rec.record("params_to_rows", shape=(n, 20, rows.n_cells), dtype="float64", backend="auto",
+               timing=t_rows, items=n, item_name="rows", baseline="stage2_on_params_rows",
+               extra={"ratio_to_stage2": t_rows.median_ms / t_stage2.median_ms,
+                      "target_ratio": 1.0})
+    rec.record("params_to_stage0", shape=(n, 20, rows.n_cells), dtype="float64", backend="xla",
+               timing=t_stage0, items=n, item_name="rows", baseline="stage2_on_params_rows",
+               extra={"ratio_to_stage2": t_stage0.median_ms / t_stage2.median_ms,
+                      "target_ratio": 1.0, "calibration_steps_max": int(steps.max()),
+                      "calibration_steps_mean": float(steps.mean())})
+    rec.record("stage2_on_params_rows", shape=(n, 20, rows.n_cells), dtype="float64",
+               backend="auto", timing=t_stage2, items=n, item_name="rows")
+
+
 def run(quick: bool, out) -> None:
     rec = Recorder("bms", out)
+    if quick:
+        run_newton(rec)
+        return
     if "params" in CASES:
         run_params(rec)
         if CASES == ["params"]:
             return
+    if "newton" in CASES:
+        run_newton(rec)
     copy_gbs = rec.measure_copy()
     rng = np.random.default_rng(0)
     rows = _tile_rows(_seed_rows(rng), N_ROWS)

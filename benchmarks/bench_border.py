@@ -19,10 +19,18 @@ of the 2766 GB/s copy; XLA reference 49.25 ms, 7.5x); a 64-row cap 13.6-13.9 ms,
 128-row 51.9 ms, whatever the back-substitution chunk. The row pass with large tiles
 (spilling, see docs/border.md) now dominates; the stage breakdown did not run there
 (weak-typed ridges, fixed since), so the split per stage is not yet measured.
+
+``--quick`` runs issue 37's acceptance cases alone: the d = 4, 8, 16, 32 classes (the
+default kernel, the XLA reference and the scipy loop on a subset, same run; d = 8 also
+with the ``D8_CONFIGS``) and the charter shape (one atom, N = 5000, d = 16, k = 6: the
+kernel beside scipy's cho_factor on the assembled dense system).
+``GPUSTAT_BENCH_SMALL=1`` shrinks those to a few atoms and runs the kernels in interpret
+mode (CPU smoke run).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -39,6 +47,8 @@ from gpustat.reference.border import BorderLayout
 
 RIDGE = 1e-6
 SCIPY_SAMPLE = 2000
+SMALL = os.environ.get("GPUSTAT_BENCH_SMALL") == "1"
+KERNEL = "interpret" if SMALL else "pallas"
 # Solves issued back to back per timed repetition, as in a Newton loop that keeps its
 # state on the device (bench_distributed does the same); one call per repetition adds
 # the host's launch and synchronisation latency to every solve, recorded separately as
@@ -215,16 +225,24 @@ def time_kernels(rec: Recorder, case: str, batch: BorderBatch, ridges) -> None:
 # Row-dimension classes (issue 37): atoms per class so each batch holds ~10-40M H_tt
 # entries; n_a ~ U[8, 64], k_a ~ U[4, 12], float64. d <= 8 also times the fused Triton
 # kernel; the scipy loop is sampled and extrapolated.
-DIM_CLASSES = {4: 20_000, 8: 10_000, 16: 4_000, 32: 1_000}
-DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20}
+DIM_CLASSES = ({4: 4, 8: 3, 16: 2, 32: 2} if SMALL
+               else {4: 20_000, 8: 10_000, 16: 4_000, 32: 1_000})
+DIM_ROWS = (8, 20) if SMALL else (8, 64)
+DIM_SCIPY_SAMPLE = {4: 200, 8: 200, 16: 50, 32: 20} if not SMALL else {4: 2, 8: 2, 16: 2, 32: 2}
+# d = 8 runs the unrolled row pass, whose per-chunk live set (2 d tiles of 16 x K rows
+# plus d (d + 1) / 2 row vectors) is about 4x d = 4's: every run (--quick too) also times
+# it at 4 and 8 warps and on the looped row factorisation (tiles padded to 16)
+D8_CONFIGS = {"e64": KernelConfig(elems_per_warp=64),
+              "e32w8": KernelConfig(elems_per_warp=32, max_warps=8),
+              "looped": KernelConfig(unrolled_d=4)}
 # The charter single-system shape (spec B.7): one atom of N = 5000 rows, d = 16, k = 6,
 # rho = 1e-9. Its assembled dense matrix is 80,006^2 (51 GB), so scipy's cho_factor on it
 # runs at CHARTER_DENSE_ROWS rows and is extrapolated by the cube of the size; the
 # block-dense scipy loop (per-row cho_factor, Schur complement, back substitution) runs at
 # full size.
-CHARTER = (5000, 16, 6)
+CHARTER = (40, 16, 6) if SMALL else (5000, 16, 6)
 CHARTER_RIDGE = 1e-9
-CHARTER_DENSE_ROWS = 500
+CHARTER_DENSE_ROWS = 10 if SMALL else 500
 # Chunk rows x warps of the looped row factorisation (d > 8), swept on the d = 16 and 32
 # classes and the charter; --quick runs the first two, the default first.
 WIDE_CONFIGS = {
@@ -294,7 +312,7 @@ def dimension_classes(rec: Recorder, quick: bool) -> None:
     XLA reference and the scipy dense loop on one batch, checked against each other."""
     for d, b in DIM_CLASSES.items():
         try:
-            batch = random_packed_batch(b, d, (8, 64), (4, 12), seed=d)
+            batch = random_packed_batch(b, d, DIM_ROWS, (4, 12), seed=d)
             reference = jax.jit(lambda bt: solve_batched_border(bt, RIDGE, RIDGE,
                                                                 backend="reference"))
             want = jax.block_until_ready(reference(batch))
@@ -309,6 +327,7 @@ def dimension_classes(rec: Recorder, quick: bool) -> None:
         lay, nbytes = batch.layout, input_bytes(batch)
         shape = (b, lay.num_rows, d)
         paths = ["pallas", "triton"] if d <= kernels.MAX_UNROLLED_D else ["pallas"]
+        paths = [KERNEL] if SMALL or quick else paths
         best = None
         for path in paths:
             kernel = jax.jit(lambda bt, p=path: _fields(solve_batched_border(bt, RIDGE, RIDGE,
@@ -317,8 +336,15 @@ def dimension_classes(rec: Recorder, quick: bool) -> None:
                                   want, nbytes)
             if timing and (best is None or timing.median_ms < best[1].median_ms):
                 best = (path, timing)
-        if d > kernels.MAX_UNROLLED_D:
+        if d > kernels.MAX_UNROLLED_D and not quick:
             sweep_wide_configs(rec, f"d{d}", batch, RIDGE, want, quick)
+        if d == kernels.MAX_UNROLLED_D and not SMALL:
+            ridges = jnp.full((b,), RIDGE)
+            for name, config in D8_CONFIGS.items():
+                kernel = jax.jit(lambda bt, c=config, r=ridges: solve_border_pallas(
+                    bt.layout, bt.H_tt, bt.H_tb, bt.g_t, bt.H_bb, bt.g_b, r, r, config=c))
+                time_checked(rec, f"solve_d8_{name}", "pallas", name, kernel, batch, want,
+                             nbytes)
         xla = time_fn(reference, [(batch,)], calls_per_repeat=BACK_TO_BACK)
         rec.record(f"solve_d{d}_xla_reference", shape=shape, dtype="float64", backend="xla",
                    timing=xla, bytes_moved=nbytes, items=b, item_name="atoms")
@@ -375,12 +401,12 @@ def charter(rec: Recorder, quick: bool) -> None:
     want = (jnp.asarray(loop_dt), jnp.asarray(loop_db))
     nbytes = input_bytes(batch)
     timings = {}
-    for path in ("pallas", "reference"):
+    for path in (KERNEL, "reference"):
         solve = jax.jit(lambda bt, p=path: solve_batched_border(bt, CHARTER_RIDGE, CHARTER_RIDGE,
                                                                 backend=p))
         try:
             got = jax.block_until_ready(solve(batch))
-            if path == "pallas":
+            if path == KERNEL:
                 got_pallas = got
             check_close(f"charter {path} delta_t", got.delta_t, want[0], rtol=1e-8, atol=1e-10)
             check_close(f"charter {path} delta_beta", got.delta_beta, want[1], rtol=1e-8,
@@ -393,20 +419,25 @@ def charter(rec: Recorder, quick: bool) -> None:
         rec.record(f"charter_{'xla_reference' if path == 'reference' else path}", shape=shape,
                    dtype="float64", backend="xla" if path == "reference" else path,
                    timing=timings[path], bytes_moved=nbytes, items=n, item_name="rows")
-    if "pallas" in timings:
-        sweep_wide_configs(rec, "charter", batch, CHARTER_RIDGE, got_pallas, quick)
-        kernel_ms = timings["pallas"].median_ms
+    if KERNEL in timings:
+        if not quick:
+            sweep_wide_configs(rec, "charter", batch, CHARTER_RIDGE, got_pallas, quick)
+        kernel_ms = timings[KERNEL].median_ms
         extra = {"speedup_vs_scipy_block_loop": loop_ms / kernel_ms,
                  "speedup_vs_scipy_dense": dense_ms / kernel_ms, "dense_target": 10}
         if "reference" in timings:
             extra["speedup_vs_xla"] = timings["reference"].median_ms / kernel_ms
-        rec.record("charter_summary", shape=shape, dtype="float64", backend="pallas",
-                   timing=timings["pallas"], bytes_moved=nbytes, items=n, item_name="rows",
+        rec.record("charter_summary", shape=shape, dtype="float64", backend=KERNEL,
+                   timing=timings[KERNEL], bytes_moved=nbytes, items=n, item_name="rows",
                    baseline="charter_xla_reference", extra=extra)
 
 
 def run(quick: bool, out: Path | None) -> None:
     rec = Recorder("border", out)
+    if quick or SMALL:
+        dimension_classes(rec, quick=True)
+        charter(rec, quick=True)
+        return
     copy_gbs = rec.measure_copy()
     b = BENCH_ATOMS
     batch = random_packed_batch(b, 2, (8, 128), (4, 12))

@@ -108,3 +108,35 @@ def test_failed_calibration_reports_status_per_row():
         np.array([0.8, 0.8]), 1.0)
     assert int(status[0]) == bms_stage0.CalibrationStatus.OK and np.isfinite(a[0])
     assert int(status[1]) != bms_stage0.CalibrationStatus.OK and np.isnan(a[1])
+
+
+def test_device_intercepts_equal_host_on_steep_and_far_rows():
+    # steep slopes put the step of Φ(η) inside narrow cells; |q| >= 4.5 puts the
+    # calibration integrand's mass far from z = 0, where the clipped quadrature panels sit
+    rng = np.random.default_rng(5)
+    q = np.array([-1.5, -4.5, 4.5, -7.0, 7.0, 0.0])
+    b = np.array([6.0, 3.0, -5.0, 2.0, 0.3, -8.0])
+    beta_h, beta_w = rng.normal(size=4) * 0.5, rng.normal(size=3) * 0.5
+    want = build_row_arrays(q, b, beta_h, beta_w, SCORE, LINK, np.zeros(6), np.ones(6),
+                            np.ones(6), 0.6)["a"]
+    a, status, _ = jax.jit(bms_stage0.calibrate_intercepts)(
+        bms_stage0.basis_table(SCORE), bms_stage0.basis_table(LINK), beta_h, beta_w, q, b, 0.6)
+    assert np.all(np.asarray(status) == bms_stage0.CalibrationStatus.OK)
+    _assert_close_scaled(a, want, 1e-12, "a")
+
+
+def test_calibration_from_a_given_start(host_and_device):
+    # a fitting loop starts each row at its last intercept: the host's root is reached in
+    # one coarse and one fine step from a start 1e-9 away, and a NaN start means the rigid one
+    params, host = host_and_device
+    q, b, beta_h, beta_w = params[:4]
+    tables = bms_stage0.basis_table(SCORE), bms_stage0.basis_table(LINK)
+    want = np.asarray(host.a)
+    start = want + 1e-9
+    start[0] = np.nan
+    a, status, steps = jax.jit(bms_stage0.calibrate_intercepts)(
+        *tables, beta_h, beta_w, q, b, S_F, a_start=start)
+    assert np.all(np.asarray(status) == bms_stage0.CalibrationStatus.OK)
+    _assert_close_scaled(a, want, 1e-12, "a")
+    steps = np.asarray(steps)
+    assert np.all(steps[1:] == 2) and steps[0] > 2, steps

@@ -7,7 +7,8 @@ Minimises over the joint coefficients β = [β_m (p_m) | β_g (p_g) | β_h (p_h)
 with ℓ_i the row negative log-likelihood of :mod:`gpustat.bms` and S an optional
 penalty. Each Newton iteration, inside one ``lax.while_loop``:
 
-1. Stage 0 (:mod:`gpustat.bms._stage0`), Stage 1 and Stage 2 at β give f, the gradient
+1. Stage 0 (:mod:`gpustat.bms._stage0`; its intercept iterations start from the
+   intercepts the line search found at β), Stage 1 and Stage 2 at β give f, the gradient
    ∇f = Σ_i J_iᵀ g_i + S β and the row Hessians of the :class:`gpustat.bms.JointOperator`.
 2. Converged when ``max_j |∇f_j| <= gtol · max(1, |f|)``.
 3. The direction d solves ``(Σ_i J_iᵀ H_i J_i + S) d = -∇f`` by conjugate gradients
@@ -127,25 +128,28 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
     def penalty_term(beta):
         return 0.5 * beta @ (penalty @ beta)
 
-    def derivatives(beta):
+    def derivatives(beta, a_start):
         bm, bg, bh, bw = _split(beta, p_m, p_g, p_h)
-        fields, _, _ = build_row_fields(score, link, bh, bw, x @ bm, g @ bg, z_obs, y, w, s_f)
+        fields, _, _ = build_row_fields(score, link, bh, bw, x @ bm, g @ bg, z_obs, y, w, s_f,
+                                        a_start=a_start)
         moments, status = _bms.cell_moments(fields["cell_lo"], fields["cell_hi"],
                                             fields["cell_c"], order=order, backend=backend)
         rows = _bms.BmsRows(**fields, cell_moments=moments, cell_status=status, p_h=p_h,
                             p_w=beta.shape[0] - p_m - p_g - p_h)
-        return _bms.row_derivatives(rows, backend=backend)
+        return _bms.row_derivatives(rows, backend=backend), fields["a"]
 
-    def objective(beta):
+    def objective(beta, a_start):
+        """f at beta and the intercepts there (the start of the next rows' calibration)."""
         bm, bg, bh, bw = _split(beta, p_m, p_g, p_h)
         b = g @ bg
-        a, status, _ = calibrate_intercepts(score, link, bh, bw, x @ bm, b, s_f)
+        a, status, _ = calibrate_intercepts(score, link, bh, bw, x @ bm, b, s_f,
+                                            a_start=a_start)
         value = jnp.sum(observed_neglog(score, link, bh, bw, a, b, z_obs, y, w, s_f))
         value = value + penalty_term(beta)
         ok = jnp.all(status == CalibrationStatus.OK) & jnp.isfinite(value)
-        return jnp.where(ok, value, jnp.inf)
+        return jnp.where(ok, value, jnp.inf), a
 
-    def newton_step(beta, f, grad, gnorm, derivs):
+    def newton_step(beta, a, f, grad, gnorm, derivs):
         op = _bms.JointOperator(derivs.hess, x, g, backend)
         diag = op.diagonal() + jnp.diagonal(penalty)
         precond = jnp.where(diag > 0, 1.0 / jnp.where(diag > 0, diag, 1.0),
@@ -155,45 +159,50 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         slope = grad @ d
 
         def search_cond(state):
-            t, value, k = state
+            t, value, _, k = state
             return ~(value <= f + ARMIJO * t * slope) & (k < MAX_HALVINGS)
 
         def search_body(state):
-            t, _, k = state
+            t, _, _, k = state
             t = 0.5 * t
-            return t, objective(beta + t * d), k + 1
+            return (t, *objective(beta + t * d, a), k + 1)
 
-        t, value, _ = jax.lax.while_loop(search_cond, search_body,
-                                         (jnp.asarray(1.0, beta.dtype), objective(beta + d),
-                                          jnp.int32(0)))
+        t, value, a_trial, _ = jax.lax.while_loop(
+            search_cond, search_body,
+            (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a), jnp.int32(0)))
         accepted = (value <= f + ARMIJO * t * slope) & (slope < 0)
-        return jnp.where(accepted, beta + t * d, beta), accepted, cg_its
+        return (jnp.where(accepted, beta + t * d, beta), jnp.where(accepted, a_trial, a),
+                accepted, cg_its)
 
     def body(state):
-        beta, it, cg_total, _, _, _, _ = state
-        derivs = derivatives(beta)
+        beta, a, it, cg_total, _, _, _, _ = state
+        derivs, a = derivatives(beta, a)
         f = jnp.sum(derivs.neglog) + penalty_term(beta)
         grad = -_bms.joint_gradient(derivs, x, g)[1:] + penalty @ beta
         gnorm = jnp.max(jnp.abs(grad))
         rows_ok = jnp.all(derivs.status == 0) & jnp.isfinite(f)
         converged = rows_ok & (gnorm <= gtol * jnp.maximum(1.0, jnp.abs(f)))
         stepping = rows_ok & ~converged & (it < max_iterations)
-        new_beta, accepted, cg_its = jax.lax.cond(
+        new_beta, new_a, accepted, cg_its = jax.lax.cond(
             stepping, newton_step,
-            lambda *_: (beta, jnp.bool_(False), jnp.int32(0)), beta, f, grad, gnorm, derivs)
+            lambda *_: (beta, a, jnp.bool_(False), jnp.int32(0)), beta, a, f, grad, gnorm,
+            derivs)
         status = jnp.select([~rows_ok, converged, it >= max_iterations, ~accepted],
                             [FitStatus.ROW_FAILURE, FitStatus.CONVERGED,
                              FitStatus.MAX_ITERATIONS, FitStatus.LINE_SEARCH_FAILED], _RUNNING)
         done = status != _RUNNING
-        return (new_beta, it + accepted.astype(jnp.int32), cg_total + cg_its,
+        return (new_beta, new_a, it + accepted.astype(jnp.int32), cg_total + cg_its,
                 status.astype(jnp.int32), f, gnorm, done)
 
     def cond(state):
         return ~state[-1]
 
     nan = jnp.asarray(jnp.nan, beta0.dtype)
-    init = (beta0, jnp.int32(0), jnp.int32(0), jnp.int32(_RUNNING), nan, nan, jnp.bool_(False))
-    beta, it, cg_total, status, f, gnorm, _ = jax.lax.while_loop(cond, body, init)
+    # the first rows' intercepts start from the rigid solution (NaN start), later ones from
+    # the intercepts the line search computed at the accepted point
+    init = (beta0, jnp.full(z_obs.shape, jnp.nan, beta0.dtype), jnp.int32(0), jnp.int32(0),
+            jnp.int32(_RUNNING), nan, nan, jnp.bool_(False))
+    beta, _, it, cg_total, status, f, gnorm, _ = jax.lax.while_loop(cond, body, init)
     return FitResult(beta, f, gnorm, it, cg_total, status)
 
 

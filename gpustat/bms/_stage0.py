@@ -5,15 +5,19 @@ A.2), written per row and vmapped, so that model parameters -> rows is traceable
 (``jax.jit``, ``jax.grad``) and runs where the later stages run:
 
 1. a_i solves ``F(a) = ∫ Φ(η(z; a)) φ(z) dz - Φ(q_i) = 0`` by Newton from the rigid
-   solution ``q √(1 + S_f² b²)/S_f``, as a ``lax.while_loop`` per row (vmapped: every
-   row stops on its own test). F and F_a are integrated per cell by Gauss-Legendre on
-   two panels (cut where an affine η crosses 0, else at the midpoint) of the cell
-   clipped to |z| <= 40; for q > 0 as ``Φ(-q) - ∫ Φ(-η) φ dz``. The iteration first
+   solution ``q √(1 + S_f² b²)/S_f`` (or a given start), as a ``lax.while_loop`` per
+   row (vmapped: every row stops on its own test). F and F_a are integrated per cell by
+   Gauss-Legendre on two panels (cut where an affine η crosses 0, else at the midpoint)
+   of the cell clipped to |z| <= L = min(40, √(q² + TAIL_EXPONENT)); for q > 0 as
+   ``Φ(-q) - ∫ Φ(-η) φ dz``. The clip drops at most 2 Φ(-L) <= 2 e^(-TAIL_EXPONENT/2)
+   Φ(-|q|) (the integrand is at most φ(z) whatever η is), below 1e-19 Φ(-|q|), so
+   the panels sit where the mass is and few nodes resolve them: the iteration first
    runs on ``COARSE_NODES`` nodes per panel until the step is below ``COARSE_TOL``,
-   then on ``FINE_NODES`` (the host's 384-point rule, which resolves the step of Φ(η) on
-   steep slopes) until the step is below ``FINE_TOL``: after a Newton step of size δ
-   the error is of order δ², below float64 rounding at δ = 1e-8; the coarse root is
-   close enough that one fine step is the rule.
+   then on ``FINE_NODES`` until the step is below ``FINE_TOL``. After a Newton step of
+   size δ the error is of order δ², below float64 rounding at δ = 1e-8; the coarse
+   root lies within ~1e-9 of the fine one, so one fine step is the rule. The fine rule
+   agrees with the host builder's (Gauss-Legendre-384 on |z| <= 40) to float64
+   rounding of F.
    Each row reports a :class:`CalibrationStatus`; a failed row gets a = NaN, which
    Stage 1 flags per cell and Stage 2 per row. The derivative of a(θ) is the implicit
    one, ``-F_θ/F_a`` (a ``custom_jvp``), so ``jax.grad`` crosses the loop.
@@ -39,19 +43,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpustat.bms._rows import NEWTON_MAX_ITER, QUAD_HALF_WIDTH, SPLIT_TOL, _extended_pieces
-from gpustat.reference.bms import AFFINE_TOL, GL_NODES, gauss_legendre, probit_factors
+from gpustat.reference.bms import AFFINE_TOL, gauss_legendre, probit_factors
 from gpustat.reference.numerics import ndtr
 
 __all__ = ["CalibrationStatus", "basis_table", "build_row_fields", "calibrate_intercepts",
            "cells_per_row", "observed_neglog"]
 
-COARSE_NODES = 32
+COARSE_NODES = 24
 COARSE_TOL = 1e-6
+FINE_NODES = 48
 FINE_TOL = 1e-8
-FINE_NODES = GL_NODES
+TAIL_EXPONENT = 90.0
 _INV_SQRT_2PI = 0.3989422804014327
-_BINOM = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 2, 1, 0], [1, 3, 3, 1]], np.float64)
-_POWER = np.maximum(np.arange(4)[:, None] - np.arange(4)[None, :], 0)     # m - k
 
 
 class CalibrationStatus(enum.IntEnum):
@@ -79,11 +82,11 @@ def cells_per_row(score, link) -> int:
 
 def _compose_affine(coeffs, shift, scale):
     """Ascending coefficients in z of p(shift + scale z), p ascending cubic (..., 4)."""
-    one = jnp.ones_like(shift * scale)
-    shift_pow = jnp.stack([one, shift * one, shift * shift, shift * shift * shift])
-    scale_pow = jnp.stack([one, scale * one, scale * scale, scale * scale * scale])
-    mat = _BINOM * shift_pow[_POWER] * scale_pow[None, :]          # [m, k], zero for k > m
-    return coeffs @ mat
+    c0, c1, c2, c3 = (coeffs[..., m] for m in range(4))
+    return jnp.stack([c0 + shift * (c1 + shift * (c2 + shift * c3)),
+                      scale * (c1 + shift * (2.0 * c2 + 3.0 * shift * c3)),
+                      scale * scale * (c2 + 3.0 * shift * c3),
+                      scale * scale * scale * c3 * jnp.ones_like(shift)], axis=-1)
 
 
 def _derivative(coeffs):
@@ -154,8 +157,10 @@ def _jets(score, link, beta_h, beta_w, z, a, b, s_f):
 # ----------------------------------------------------------------------------- one row
 
 
-def _partition(score_bp, link_bp, a, b):
-    """Cell slots of one row: (lo, hi, probe, valid), each (k,)."""
+def _partition(score_bp, link_bp, a, b, far_cuts=True):
+    """Cell slots of one row: (lo, hi, probe, valid), each (k,), or (k - 2,) without the
+    cuts at |z| = 40 (``far_cuts=False``, for integrals clipped inside |z| <= 40: a cut
+    there would only split a cell whose pieces are the same on both sides)."""
     pts = []
     if score_bp is not None:
         pts.append(score_bp)
@@ -164,9 +169,11 @@ def _partition(score_bp, link_bp, a, b):
         pts.append(jnp.where(moving, (link_bp - a) / jnp.where(moving, b, 1.0), jnp.nan))
     pts = jnp.concatenate(pts) if pts else jnp.zeros(0)
     # a finite cell reaching past |z| = 40 is cut there (the integrand is 0 in float64)
-    cuts = jnp.stack([jnp.where(jnp.any(pts < -QUAD_HALF_WIDTH), -QUAD_HALF_WIDTH, jnp.nan),
-                      jnp.where(jnp.any(pts > QUAD_HALF_WIDTH), QUAD_HALF_WIDTH, jnp.nan)])
-    pts = jnp.sort(jnp.concatenate([pts, cuts]))          # NaN (unused) slots sort last
+    if far_cuts:
+        cuts = jnp.stack([jnp.where(jnp.any(pts < -QUAD_HALF_WIDTH), -QUAD_HALF_WIDTH, jnp.nan),
+                          jnp.where(jnp.any(pts > QUAD_HALF_WIDTH), QUAD_HALF_WIDTH, jnp.nan)])
+        pts = jnp.concatenate([pts, cuts])
+    pts = jnp.sort(pts)                                   # NaN (unused) slots sort last
     lo = jnp.concatenate([jnp.array([-jnp.inf]), pts])
     hi = jnp.concatenate([pts, jnp.array([jnp.inf])])
     last = jnp.sum(~jnp.isnan(pts))                       # slot of the right tail
@@ -184,10 +191,11 @@ def _partition(score_bp, link_bp, a, b):
 def _calibration(score, link, a, b, q, s_f, nodes):
     """F(a) - Φ(q) and F_a of one row by Gauss-Legendre with ``nodes`` per panel."""
     lo, hi, probe, valid = _partition(None if score is None else score[0],
-                                      None if link is None else link[0], a, b)
+                                      None if link is None else link[0], a, b, far_cuts=False)
     c, slope = jax.vmap(lambda z: _eta_and_slope(score, link, z, a, b, s_f))(probe)
-    lo = jnp.where(valid, jnp.clip(lo, -QUAD_HALF_WIDTH, QUAD_HALF_WIDTH), 0.0)
-    hi = jnp.where(valid, jnp.clip(hi, -QUAD_HALF_WIDTH, QUAD_HALF_WIDTH), 0.0)
+    half_width = jnp.minimum(QUAD_HALF_WIDTH, jnp.sqrt(q * q + TAIL_EXPONENT))
+    lo = jnp.where(valid, jnp.clip(lo, -half_width, half_width), 0.0)
+    hi = jnp.where(valid, jnp.clip(hi, -half_width, half_width), 0.0)
     # the step of Φ(η) (width 1/|C1|) at a panel end, where the nodes cluster
     affine = jnp.all(jnp.abs(c[:, 2:]) <= AFFINE_TOL, axis=-1) & (c[:, 1] != 0)
     root = -c[:, 0] / jnp.where(affine, c[:, 1], 1.0)
@@ -236,27 +244,29 @@ def _fold(table, beta):
     return bp, left, jnp.einsum("kjc,j->kc", pieces, beta)
 
 
-def _solve_row(score, link, q, b, s_f, coarse_nodes, fine_nodes):
-    a0 = q * jnp.sqrt(1.0 + (s_f * b) ** 2) / s_f
+def _solve_row(score, link, q, b, s_f, a_start, coarse_nodes, fine_nodes):
+    rigid = q * jnp.sqrt(1.0 + (s_f * b) ** 2) / s_f
+    a0 = jnp.where(jnp.isfinite(a_start), a_start, rigid)
     a, status, it = _newton(score, link, q, b, s_f, a0, coarse_nodes, COARSE_TOL)
     # a coarse failure restarts from the rigid solution on the fine rule
-    a = jnp.where(status == CalibrationStatus.OK, a, a0)
+    a = jnp.where(status == CalibrationStatus.OK, a, rigid)
     a, status, it_fine = _newton(score, link, q, b, s_f, a, fine_nodes, FINE_TOL)
     return a, status, it + it_fine
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
-def _intercepts(score, link, beta_h, beta_w, q, b, s_f, coarse_nodes, fine_nodes):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9))
+def _intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start, coarse_nodes, fine_nodes):
     folded = _fold(score, beta_h), _fold(link, beta_w)
-    return jax.vmap(lambda qq, bb: _solve_row(*folded, qq, bb, s_f, coarse_nodes, fine_nodes))(
-        q, b)
+    return jax.vmap(lambda qq, bb, aa: _solve_row(*folded, qq, bb, s_f, aa, coarse_nodes,
+                                                  fine_nodes))(q, b, a_start)
 
 
 @_intercepts.defjvp
 def _intercepts_jvp(coarse_nodes, fine_nodes, primals, tangents):
     a, status, it = _intercepts(*primals, coarse_nodes, fine_nodes)
 
-    def residual(score, link, beta_h, beta_w, q, b, s_f, a):
+    # the root does not depend on where the iteration starts: a_start has no tangent
+    def residual(score, link, beta_h, beta_w, q, b, s_f, a_start, a):
         folded = _fold(score, beta_h), _fold(link, beta_w)
         return jax.vmap(lambda qq, bb, aa: _calibration(*folded, aa, bb, qq, s_f, fine_nodes))(
             q, b, a)
@@ -268,15 +278,19 @@ def _intercepts_jvp(coarse_nodes, fine_nodes, primals, tangents):
                              jnp.broadcast_to(zero, it.shape))
 
 
-def calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, *,
+def calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, *, a_start=None,
                          coarse_nodes: int = COARSE_NODES, fine_nodes: int = FINE_NODES):
     """Intercepts a (n,), :class:`CalibrationStatus` (n,) int32 and Newton steps (n,).
 
     ``score``/``link`` are :func:`basis_table` tables or None; the rest (traceable):
-    beta_h (p_h,), beta_w (p_w,), q, b (n,), s_f (). Differentiable in every
-    floating argument (implicit function theorem).
+    beta_h (p_h,), beta_w (p_w,), q, b (n,), s_f (). ``a_start`` (n,): where each row's
+    iteration starts (a fitting loop passes the intercepts of its last iterate); NaN
+    entries and the default None start from the rigid solution. Differentiable in every
+    floating argument but ``a_start`` (implicit function theorem).
     """
-    return _intercepts(score, link, beta_h, beta_w, q, b, s_f, coarse_nodes, fine_nodes)
+    a_start = jnp.full(jnp.shape(q), jnp.nan) if a_start is None else jnp.asarray(a_start)
+    return _intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start, coarse_nodes,
+                       fine_nodes)
 
 
 def observed_neglog(score, link, beta_h, beta_w, a, b, z_obs, y, w, s_f):
@@ -290,20 +304,22 @@ def observed_neglog(score, link, beta_h, beta_w, a, b, z_obs, y, w, s_f):
     return probit_factors(e_obs, y, w)[0]
 
 
-def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *,
+def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *, a_start=None,
                      coarse_nodes: int = COARSE_NODES, fine_nodes: int = FINE_NODES):
     """Stage 0 of n rows: every :class:`gpustat.bms.BmsRows` field but the moments.
 
     Args:
         score, link: :func:`basis_table` tables (host numpy) or None.
         beta_h (p_h,), beta_w (p_w,), q, b, z_obs, y, w (n,), s_f (): float64, traceable.
+        a_start: (n,) or None, where the intercept iterations start
+            (:func:`calibrate_intercepts`).
 
     Returns:
         (fields, valid, calibration status): ``fields`` holds the cells of row i in slots
         ``[k i, k (i + 1))`` (k = :func:`cells_per_row`), ``valid`` (n, k) marks the
         cells that are not padding; status (n,) int32 :class:`CalibrationStatus`.
     """
-    a, status, _ = calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f,
+    a, status, _ = calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start=a_start,
                                         coarse_nodes=coarse_nodes, fine_nodes=fine_nodes)
     score_bp = None if score is None else score[0]
     link_bp = None if link is None else link[0]

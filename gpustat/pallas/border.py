@@ -94,8 +94,9 @@ class KernelConfig:
     ``d * block_rows * K <= tile_elems`` (the ``H_tb`` tiles of one chunk);
     ``num_warps = clamp(block_rows * K / elems_per_warp, 1, max_warps)``. The back
     substitution takes chunks of ``back_rows`` rows (capped the same way) at
-    ``back_warps`` warps. For ``d > 8`` both passes run one program per chunk of
-    ``wide_rows`` rows at ``wide_warps`` warps.
+    ``back_warps`` warps. For ``d > unrolled_d`` (at most :data:`MAX_UNROLLED_D`) both
+    passes take the looped row factorisation, one program per chunk of ``wide_rows`` rows
+    at ``wide_warps`` warps.
 
     Defaults: a 16-row cap at 2 warps (``elems_per_warp = 128``), the fastest setting of
     ``bench_border``'s sweep on the benchmark batch (d = 2, k_a in [4, 12]); wider row
@@ -110,6 +111,7 @@ class KernelConfig:
     back_warps: int = 1
     wide_rows: int = 16
     wide_warps: int = 2
+    unrolled_d: int = MAX_UNROLLED_D
 
     def block_rows_cap(self, d: int, K: int, rows: int | None = None) -> int:
         cap = min(self.max_block_rows if rows is None else rows,
@@ -749,7 +751,7 @@ def solve_border_pallas(layout: BorderLayout, H_tt, H_tb, g_t, H_bb, g_b, ridge_
         raise ValueError(f"solve_border_pallas takes one d per call, got {layout}")
     if d > MAX_KERNEL_D:
         raise ValueError(f"the Pallas kernel takes d <= {MAX_KERNEL_D}, got {d=}")
-    wide = d > MAX_UNROLLED_D
+    wide = d > min(config.unrolled_d, MAX_UNROLLED_D)
     row_pass = _wide_row_pass if wide else _row_pass
     back_substitution = _wide_back_substitution if wide else _back_substitution
     for K, atoms in _group_positions(layout).items():

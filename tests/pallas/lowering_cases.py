@@ -89,7 +89,7 @@ def border_cases() -> list[LoweringCase]:
     """One small ragged layout per dtype and row dimension: one-chunk atoms (K 16 and 32)
     and streamed atoms; d = 2 unrolls the row factorisation, d = 16 and 32 loop over it
     (row tiles padded to 16 and 32)."""
-    from gpustat.pallas.border import solve_border_pallas
+    from gpustat.pallas.border import KernelConfig, solve_border_pallas
     from gpustat.reference.border import BorderLayout
 
     cases = []
@@ -103,6 +103,14 @@ def border_cases() -> list[LoweringCase]:
             name = f"solve_border_{jnp.dtype(dtype).name}" + ("" if d == 2 else f"_d{d}")
             cases.append(LoweringCase(
                 "border", name, functools.partial(solve_border_pallas, layout), args))
+    # d = 8 on the looped row factorisation (tiles padded to 16), as bench_border times it
+    layout = BorderLayout(8, np.array([3, 40]), np.array([2, 17]))
+    sizes = layout.packed_sizes()
+    args = [jax.ShapeDtypeStruct(sizes[name], jnp.float64)
+            for name in ("H_tt", "H_tb", "g_t", "H_bb", "g_b")]
+    args += [jax.ShapeDtypeStruct((layout.num_atoms,), jnp.float64)] * 2
+    cases.append(LoweringCase("border", "solve_border_float64_d8_looped", functools.partial(
+        solve_border_pallas, layout, config=KernelConfig(unrolled_d=4)), args))
     return cases
 
 

@@ -70,3 +70,20 @@ class TestWideBorderKernel(KernelTests):
         assert_same_solution(got, want, rtol=1e-12)
         assert float(got.bump[0]) > 1.0 and float(got.bump[1]) > 2.0
         assert_matches_dense(atoms, got, 0.0, 0.0, only=[0, 1, 3])
+
+
+def test_d8_through_the_looped_rows_matches_dense():
+    """d = 8 on the looped row factorisation (``KernelConfig(unrolled_d=4)``: row tiles
+    padded to 16), interpret mode: a two-chunk atom and a one-row atom, borders in both K
+    groups, against the dense oracle."""
+    from gpustat.border import BorderSolution
+    from gpustat.pallas.border import KernelConfig, solve_border_pallas
+
+    rng = np.random.default_rng(9)
+    atoms = [random_pd_atom(rng, n, 8, k) for n, k in ((20, 5), (1, 12), (6, 17))]
+    batch = batch_of(atoms)
+    ridges = np.full(len(atoms), RIDGE)
+    out = solve_border_pallas(batch.layout, batch.H_tt, batch.H_tb, batch.g_t, batch.H_bb,
+                              batch.g_b, ridges, ridges, interpret=True,
+                              config=KernelConfig(unrolled_d=4))
+    assert_matches_dense(atoms, BorderSolution(*out, layout=batch.layout), RIDGE, RIDGE)
