@@ -95,6 +95,9 @@ AUTO_RULES: tuple[AutoRule, ...] = (
     AutoRule("border", "float64/k16/d8", "triton",
              "one fused jax-triton program per atom for borders padded to 16",
              "bench_border: fused Triton vs Pallas, float64, k_a in [4, 12]"),
+    AutoRule("border", "float64/*/d32", "reference",
+             "rows of 17 to 32 dimensions: XLA's batched Cholesky outruns the looped row "
+             "factorisation", "bench_border: summary_d32"),
     AutoRule("mixture", "f16x3/*", "triton",
              "precision='f16x3' is the jax-triton E-step's tensor-core path",
              "bench_mixture: EM iteration f16x3"),
@@ -184,11 +187,12 @@ def factorization_shape_class(model: str, dtype) -> str:
 
 
 def border_shape_class(dtype, max_border: int, d: int = 1) -> str:
-    """``"<compute dtype>/k<16|32>/d<8|32>"`` of a ``solve_batched_border`` launch group:
+    """``"<compute dtype>/k<16|32>/d<8|16|32>"`` of a ``solve_batched_border`` launch group:
     the widest padded border (the kernels pad ``k_a`` to 16 or 32; the Triton one needs a
     spare column, so ``k_a = 16`` counts as 32) and the row dimension class (``d <= 8``
-    unrolled, larger ``d`` the Pallas kernel's looped row factorisation)."""
-    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}/d{8 if d <= 8 else 32}"
+    unrolled, larger ``d`` the Pallas kernel's looped row factorisation, up to 16 or 32)."""
+    d_class = 8 if d <= 8 else 16 if d <= 16 else 32
+    return f"{np.dtype(dtype).name}/k{16 if max_border < 16 else 32}/d{d_class}"
 
 
 def _auto_rule(capability: str, shape_class: str, skip: tuple[str, ...] = ()) -> AutoRule | None:

@@ -88,9 +88,11 @@ def test_border_classes_pad_the_spare_column(monkeypatch):
     _on_a_gpu(monkeypatch, triton=True)
     assert _backend.border_shape_class(np.float64, 15) == "float64/k16/d8"
     assert _backend.border_shape_class(np.float64, 16) == "float64/k32/d8"
-    assert _backend.border_shape_class(np.float64, 15, 9) == "float64/k16/d32"
+    assert _backend.border_shape_class(np.float64, 15, 9) == "float64/k16/d16"
+    assert _backend.border_shape_class(np.float64, 15, 17) == "float64/k16/d32"
     for shape_class, path in [("float64/k16/d8", "triton"), ("float64/k32/d8", "pallas"),
-                              ("float32/k16/d8", "pallas"), ("float64/k16/d32", "pallas")]:
+                              ("float32/k16/d8", "pallas"), ("float64/k16/d16", "pallas"),
+                              ("float64/k32/d32", "reference"), ("float32/k16/d32", "pallas")]:
         assert resolve_backend("auto", op="t", capability="border", shape_class=shape_class,
                                kernels=("pallas", "triton")) == path
 

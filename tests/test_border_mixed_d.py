@@ -114,8 +114,9 @@ def test_retry_of_a_mixed_batch_fixes_a_bad_d9_row(atoms):
 
 
 def test_kernel_paths_per_d_group(monkeypatch, batch):
-    """On a GPU, "auto" sends d <= 8 to the fused Triton kernel (float64, k_a <= 15) and
-    d > 8 to Pallas; an explicit "triton" refuses d > 8, "pallas" takes d <= 32."""
+    """On a GPU, "auto" sends d <= 8 to the fused Triton kernel (float64, k_a <= 15),
+    9 <= d <= 16 to Pallas and float64 17 <= d <= 32 to the XLA reference (the backend
+    table's rows); an explicit "triton" refuses d > 8, "pallas" takes d <= 32."""
     from gpustat import border
 
     monkeypatch.setattr(_backend, "cuda_gpu_available", lambda: True)
@@ -124,8 +125,8 @@ def test_kernel_paths_per_d_group(monkeypatch, batch):
     lay = batch.layout
     paths = {d: border._resolve(lay.subset(atoms), np.float64, "auto")
              for d, atoms in lay.dim_groups()}
-    assert paths == {1: "triton", 3: "triton", 9: "pallas", 16: "pallas", 17: "pallas",
-                     32: "pallas"}
+    assert paths == {1: "triton", 3: "triton", 9: "pallas", 16: "pallas", 17: "reference",
+                     32: "reference"}
     with pytest.raises(ValueError, match="triton kernel takes d <= 8, got d=9"):
         solve_batched_border(batch, 1e-6, 1e-6, backend="triton")
     for _, atoms in lay.dim_groups():
