@@ -26,7 +26,7 @@ JAX_MIN_DIR := $(VENV)/jax-$(JAX_MIN)
 JAX_MIN_TESTS := tests/pallas/test_lowering.py tests/test_lowerings.py \
 	tests/pallas/test_numerics.py tests/test_distributed.py tests/test_backend.py \
 	tests/test_public_api.py tests/test_packaging.py
-# (tests/test_distributed.py without its 4-device subprocess checks: a minute of compiling)
+# (tests/test_distributed.py without its 4-device subprocess checks, its costliest part)
 PYTEST_JAX_MIN_ARGS ?= -q -m "not slow" $(JAX_MIN_TESTS) \
 	--deselect tests/test_distributed.py::test_sharded_equals_unsharded
 # `make pytest` and `make notebooks` compile hundreds of small XLA programs, most run
