@@ -83,10 +83,10 @@ pytest: $(VENV)/.test-deps
 	@$(PY) $(JAX_VERSION)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-pytest-jax-min: export PYTHONPATH := $(abspath $(JAX_MIN_DIR))
+# (PYTHONPATH on the commands only: pip, installing .venv, must not see the lower end)
 pytest-jax-min: $(JAX_MIN_DIR)/.installed
-	@$(PY) $(JAX_VERSION)
-	$(PY) -m pytest $(PYTEST_JAX_MIN_ARGS)
+	@PYTHONPATH=$(abspath $(JAX_MIN_DIR)) $(PY) $(JAX_VERSION)
+	PYTHONPATH=$(abspath $(JAX_MIN_DIR)) $(PY) -m pytest $(PYTEST_JAX_MIN_ARGS)
 
 # two at a time (CI has 2 cores); each notebook's output is printed whole when it ends,
 # and any failing notebook fails the target (xargs exits non-zero)
