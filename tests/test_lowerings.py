@@ -58,12 +58,16 @@ def _reached(path: Path, name: str) -> set[str]:
 
 def _derived_lowering(tree: str, path: Path, name: str) -> str | None:
     """The lowering a kernel function goes through, read from its code: a Pallas kernel
-    launched by ``gpustat.pallas._common.pallas_call`` (Triton compiler params) lowers
-    through Pallas Triton; the jax-triton tree launches through ``triton_call``."""
+    that uses Mosaic GPU's API (``plgpu`` / ``mosaic_gpu``) lowers through Mosaic GPU; one
+    launched by ``gpustat.pallas._common.pallas_call`` (Triton compiler params) through
+    Pallas Triton; the jax-triton tree launches through ``_common.launch`` (``triton_call``).
+    None: the function launches no kernel."""
     names = _reached(path, name)
     if not names & LAUNCHES:
         return None
     _, _, imports = _module_graph(path)
+    if tree == "pallas" and names & {"plgpu", "mosaic_gpu"}:
+        return "mosaic-gpu"
     if tree == "pallas" and imports.get("pallas_call") == "gpustat.pallas._common":
         return "pallas-triton"
     if tree == "triton" and imports.get("launch") == "gpustat.triton._common":
