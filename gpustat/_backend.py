@@ -32,13 +32,17 @@ import numpy as np
 __all__ = [
     "AUTO_RULES",
     "BACKENDS",
+    "KERNELS",
+    "LOWERINGS",
     "AutoRule",
     "BackendUnavailableError",
+    "Kernel",
     "available_backends",
     "border_shape_class",
     "cuda_gpu_available",
     "factorization_shape_class",
     "mosaic_unavailable_reason",
+    "ops_losing_gpu_kernels",
     "piecewise_shape_class",
     "resolve_backend",
     "triton_installed",
@@ -279,3 +283,89 @@ def resolve_backend(
     if backend in unsupported:
         raise ValueError(f"{op}: backend={backend!r} cannot run this call: {unsupported[backend]}")
     return backend
+
+
+# -- kernel registry: which lowering each GPU kernel goes through -----------------------------
+
+#: The compiler stack behind each kernel ``backend=`` name. JAX 0.11 deprecated the Pallas
+#: Triton lowering ("will be removed in a future JAX version"); jax-triton calls Triton
+#: kernels through the official Triton bindings.
+LOWERINGS: dict[str, str] = {
+    "pallas": "pallas-triton",
+    "triton": "jax-triton",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One GPU kernel entry point: a public function of a kernel module that launches a
+    kernel, the ``backend=`` name that runs it (its lowering is :data:`LOWERINGS` of that
+    name), the public ops (dotted names under ``gpustat``) whose dispatch reaches it, and,
+    where it serves only part of those ops' calls, which part (``when``)."""
+
+    function: str
+    backend: str
+    ops: tuple[str, ...]
+    when: str = ""
+
+    @property
+    def lowering(self) -> str:
+        return LOWERINGS[self.backend]
+
+
+_FM_FITS = tuple(f"estimators.{m}{t}.fit" for m in ("FM", "FFM", "FwFM")
+                 for t in ("Classifier", "Regressor"))
+_NUMERICS = tuple(f"numerics.{f}" for f in ("erfc", "erfcx", "log_ndtr", "log_ndtr_and_mills",
+                                           "ndtr", "probit_curvature"))
+_EM = ("mixture.suff_stats", "mixture.fit_em", "mixture.online_em_step", "GaussianMixture.fit")
+_GIBBS = ("mixture.gibbs_sweep", "mixture.fit_gibbs")
+
+#: Every kernel entry point of ``gpustat/pallas/`` and ``gpustat/triton/``
+#: (tests/test_kernel_registry.py checks this against the kernel modules' code).
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("pallas.bms.cell_moments", "pallas", ("bms.cell_moments",)),
+    Kernel("pallas.bms.row_derivatives", "pallas", ("bms.row_derivatives", "bms.fit")),
+    Kernel("pallas.bms.joint_hvp", "pallas", ("bms.joint_hvp",)),
+    Kernel("pallas.bms.joint_dense", "pallas", ("bms.joint_dense",)),
+    Kernel("pallas.bms.joint_diagonal", "pallas", ("bms.joint_diagonal",)),
+    Kernel("pallas.border.solve_border_pallas", "pallas", ("solve_batched_border",)),
+    Kernel("triton.border.solve_border_triton", "triton", ("solve_batched_border",),
+           "rows of d <= 8 (the Pallas kernel takes d <= 32)"),
+    Kernel("pallas.estimators.scatter_add_rows", "pallas", _FM_FITS),
+    Kernel("pallas.factorization.fm_scores", "pallas", ("fm_predict",)),
+    Kernel("pallas.factorization.ffm_scores", "pallas", ("ffm_predict",)),
+    Kernel("pallas.factorization.fwfm_scores", "pallas", ("fwfm_predict",)),
+    Kernel("pallas.factorization.fwfm_slot_scores", "pallas", ("fwfm_predict",)),
+    Kernel("triton.factorization.scores_forward", "triton", ("ffm_predict", "fwfm_predict")),
+    Kernel("triton.factorization.ffm_scores", "triton", ("ffm_predict",)),
+    Kernel("triton.factorization.fwfm_scores", "triton", ("fwfm_predict",)),
+    Kernel("pallas.mixture.mvn_logpdf", "pallas",
+           ("mixture.mvn_logpdf", "mixture.responsibilities")),
+    Kernel("pallas.mixture.log_prob", "pallas", ("mixture.log_prob",)),
+    Kernel("pallas.mixture.suff_stats", "pallas", _EM),
+    Kernel("pallas.mixture.sample_labels", "pallas", ("mixture.sample_labels",)),
+    Kernel("pallas.mixture.sample_labels_with_stats", "pallas", _GIBBS),
+    Kernel("pallas.mixture.suff_stats_from_labels", "pallas", ("mixture.suff_stats_from_labels",)),
+    Kernel("pallas.mixture.label_stats", "pallas", ("mixture.suff_stats_from_labels", *_GIBBS)),
+    Kernel("triton.mixture.suff_stats", "triton", _EM, "precision='f16x3'"),
+    Kernel("triton.mixture.log_prob", "triton", ()),
+    Kernel("pallas.numerics.elementwise", "pallas", _NUMERICS),
+    Kernel("pallas.piecewise.ppoly_eval_tables", "pallas", ("ppoly_eval",)),
+    Kernel("pallas.piecewise.ppoly_eval_pallas", "pallas", ("ppoly_eval",)),
+    Kernel("triton.piecewise.ppoly_eval_triton", "triton", ("ppoly_eval",)),
+)
+
+
+def ops_losing_gpu_kernels(lowering: str = "pallas-triton") -> dict[str, str]:
+    """What removing ``lowering`` would cost: each public op with a kernel of that lowering,
+    mapped to ``"all"`` (no kernel of another lowering: every call runs the reference) or
+    ``"partly"`` (another lowering's kernels serve only some calls, see :attr:`Kernel.when`).
+    Ops whose other kernels serve every call are not listed."""
+    lost = {}
+    for op in sorted({op for k in KERNELS if k.lowering == lowering for op in k.ops}):
+        others = [k for k in KERNELS if op in k.ops and k.lowering != lowering]
+        if not others:
+            lost[op] = "all"
+        elif all(k.when for k in others):
+            lost[op] = "partly"
+    return lost

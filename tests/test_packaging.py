@@ -54,3 +54,16 @@ def test_import_gpustat_loads_no_capability_until_used():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.split("\n")
     assert out[:2] == ["[]", "True"], out
+
+
+def test_ci_tests_the_lower_end_of_the_jax_range():
+    """`make test` runs pytest at JAX_MIN of the Makefile: the range's lower bound, the same
+    for jax and jaxlib (the newest end is what pip resolves in .venv)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bounds = {}
+    for req in project["dependencies"]:
+        name, spec = re.match(r"([a-z]+)(.*)", req).groups()
+        if name in ("jax", "jaxlib"):
+            bounds[name] = re.fullmatch(r">=([\d.]+),<([\d.]+)", spec).group(1)
+    jax_min = re.search(r"^JAX_MIN := ([\d.]+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert bounds == {"jax": jax_min.group(1), "jaxlib": jax_min.group(1)}, bounds
