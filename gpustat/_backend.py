@@ -293,6 +293,7 @@ def resolve_backend(
 LOWERINGS: dict[str, str] = {
     "pallas": "pallas-triton",
     "triton": "jax-triton",
+    "mosaic": "mosaic-gpu",
 }
 
 
@@ -353,6 +354,11 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("pallas.piecewise.ppoly_eval_tables", "pallas", ("ppoly_eval",)),
     Kernel("pallas.piecewise.ppoly_eval_pallas", "pallas", ("ppoly_eval",)),
     Kernel("triton.piecewise.ppoly_eval_triton", "triton", ("ppoly_eval",)),
+    Kernel("pallas._mosaic_piecewise.ppoly_eval_mosaic", "mosaic", ("ppoly_eval",),
+           "float32, one polynomial, sm_90+ (backend='mosaic' only)"),
+    Kernel("pallas._mosaic_mixture.suff_stats", "mosaic", _EM,
+           "precision='f16x3', sm_90+ (backend='mosaic' only)"),
+    Kernel("pallas._mosaic_mixture.log_prob", "mosaic", ()),
 )
 
 

@@ -63,7 +63,8 @@ def _derived_lowering(tree: str, path: Path, name: str) -> str | None:
     Pallas Triton; the jax-triton tree launches through ``_common.launch`` (``triton_call``).
     None: the function launches no kernel."""
     names = _reached(path, name)
-    if not names & LAUNCHES:
+    mosaic_launch = tree == "pallas" and {"plgpu", "kernel"} <= names  # plgpu.kernel(...)
+    if not names & LAUNCHES and not mosaic_launch:
         return None
     _, _, imports = _module_graph(path)
     if tree == "pallas" and names & {"plgpu", "mosaic_gpu"}:
@@ -80,7 +81,10 @@ def kernel_entry_points() -> dict[str, str]:
     kernel module that launches a kernel."""
     found = {}
     for tree in KERNEL_TREES:
-        for path in sorted((ROOT / "gpustat" / tree).glob("[!_]*.py")):
+        # public kernel modules, and the Mosaic GPU ones (private: only dispatch calls them)
+        paths = [p for p in (ROOT / "gpustat" / tree).glob("*.py")
+                 if not p.stem.startswith("_") or p.stem.startswith("_mosaic")]
+        for path in sorted(paths):
             functions, _, _ = _module_graph(path)
             for name in functions:
                 if not name.startswith("_"):
