@@ -24,7 +24,8 @@ PYTEST_ARGS ?= -q -n 2 -m "not slow"
 JAX_MIN := 0.11.2
 JAX_MIN_DIR := $(VENV)/jax-$(JAX_MIN)
 JAX_MIN_TESTS := tests/pallas/test_lowering.py tests/test_lowerings.py \
-	tests/pallas/test_numerics.py tests/test_distributed.py tests/test_backend.py \
+	tests/pallas/test_numerics.py tests/pallas/test_mosaic_mixture.py \
+	tests/pallas/test_mosaic_piecewise.py tests/test_distributed.py tests/test_backend.py \
 	tests/test_public_api.py tests/test_packaging.py
 # (tests/test_distributed.py without its 4-device subprocess checks, its costliest part)
 PYTEST_JAX_MIN_ARGS ?= -q -m "not slow" $(JAX_MIN_TESTS) \

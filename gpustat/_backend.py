@@ -357,7 +357,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("pallas._mosaic_piecewise.ppoly_eval_mosaic", "mosaic", ("ppoly_eval",),
            "float32, one polynomial, sm_90+ (backend='mosaic' only)"),
     Kernel("pallas._mosaic_mixture.suff_stats", "mosaic", _EM,
-           "precision='f16x3', sm_90+ (backend='mosaic' only)"),
+           "precision='f16x3', sm_90+, jax 0.11 (backend='mosaic' only)"),
     Kernel("pallas._mosaic_mixture.log_prob", "mosaic", ()),
 )
 

@@ -51,7 +51,7 @@ __all__ = ["CalibrationStatus", "basis_table", "build_row_fields", "calibrate_in
 
 COARSE_NODES = 24
 COARSE_TOL = 1e-6
-FINE_NODES = 48
+FINE_NODES = 192
 FINE_TOL = 1e-8
 TAIL_EXPONENT = 90.0
 _INV_SQRT_2PI = 0.3989422804014327

@@ -53,8 +53,17 @@ _PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=4 * 256 * 4 * 4,
                                lowering_semantics=plgpu.LoweringSemantics.Lane)
 
 
+def lowers_with_this_jax() -> bool:
+    """The kernels' shared-memory transfers lower with jax 0.11's Mosaic GPU; the transfer
+    planner of jax 0.12 finds no bank-conflict-free pattern for them."""
+    return tuple(int(part) for part in jax.__version__.split(".")[:2]) < (0, 12)
+
+
 def supports(dtype, n_features_: int, n_components: int) -> str:
     """Why the kernels cannot run a call ('' when they can)."""
+    if not lowers_with_this_jax():
+        return (f"the Mosaic GPU E-step lowers with jax 0.11 only (jax {jax.__version__}'s "
+                "Mosaic GPU plans no bank-conflict-free transfer for it)")
     if jnp.dtype(dtype) != jnp.float32:
         return f"the Mosaic GPU E-step takes float32 X, got {jnp.dtype(dtype).name}"
     if n_components > MAX_COMPONENTS:
