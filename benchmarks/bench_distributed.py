@@ -176,20 +176,29 @@ def _border_case(rec, meshes, dtype):
                         "atoms", {"slots_per_device": slots})
 
 
-def _fm_case(rec, meshes):
-    n, p, z, k, bsz = (4096, 512, 8, 8, 256) if SMALL else (1 << 19, 1 << 15, 32, 32, 8192)
-    rng = np.random.default_rng(2)
+def _adagrad(model):
+    return fm_train.make_optimizer(
+        "adagrad", model=model, learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
+
+
+def _fm_rows(n: int, p: int, z: int, rng):
+    """n one-field FM rows of up to z distinct ones among p features, random labels:
+    (CSR X, (n, 1) y, unit weights, (p,) zero field ids)."""
     cols = np.sort(rng.choice(p, size=(n, z)), axis=1)
     X = sp.csr_matrix((np.ones(n * z, np.float32), cols.reshape(-1), np.arange(n + 1) * z),
                       shape=(n, p))
     X.sum_duplicates()
     X.data[:] = 1.0
     y = rng.integers(0, 2, n).astype(np.float32)[:, None]
-    weight = np.ones(n, np.float32)
-    fields = np.zeros(p, np.int32)
-    tx, lazy, (l2w, l2v) = fm_train.make_optimizer(
-        "adagrad", model="fm", learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
+    return X, y, np.ones(n, np.float32), np.zeros(p, np.int32)
+
+
+def _fm_case(rec, meshes):
+    n, p, z, k, bsz = (4096, 512, 8, 8, 256) if SMALL else (1 << 19, 1 << 15, 32, 32, 8192)
+    rng = np.random.default_rng(2)
+    X, y, weight, fields = _fm_rows(n, p, z, rng)
+    tx, lazy, (l2w, l2v) = _adagrad("fm")
     backend = fm_train.scatter_backend("auto")
 
     def config(batch):
@@ -283,12 +292,6 @@ def _ffm_scoring_case(rec, meshes):
                     "rows", {"fields": bf.N_FIELDS})
 
 
-def _adagrad(model):
-    return fm_train.make_optimizer(
-        "adagrad", model=model, learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-        ftrl_beta=1.0, l1_linear=0.0, l1_factors=0.0, l2_linear=1e-5, l2_factors=1e-5)
-
-
 def _timed_table_epoch(cfg, mesh, capacity, params, opt_state, data, orders):
     """A callable running one compiled model-parallel epoch on the table it last returned
     (the table is donated: each call continues training), the batch tables prebuilt."""
@@ -318,14 +321,7 @@ def _fm_sparse_case(rec):
     per, z, k, p, n = (256, 8, 8, 1 << 12, 1 << 12) if SMALL else (65536, 32, 32, 1 << 15,
                                                                     1 << 20)
     rng = np.random.default_rng(4)
-    cols = np.sort(rng.choice(p, size=(n, z)), axis=1)
-    X = sp.csr_matrix((np.ones(n * z, np.float32), cols.reshape(-1), np.arange(n + 1) * z),
-                      shape=(n, p))
-    X.sum_duplicates()
-    X.data[:] = 1.0
-    y = rng.integers(0, 2, n).astype(np.float32)[:, None]
-    weight = np.ones(n, np.float32)
-    fields = np.zeros(p, np.int32)
+    X, y, weight, fields = _fm_rows(n, p, z, rng)
     tx, lazy, (l2w, l2v) = _adagrad("fm")
     backend = fm_train.scatter_backend("auto")
     with x64_for(jnp.float32):

@@ -35,6 +35,7 @@ and the statistics products 2 n k P (P + 1) = 1.4e11 ("full"; "packed" 2 n k P (
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import time
 
@@ -211,22 +212,17 @@ def check_precision_vs_float64(rec, X, params):
                                        kernels.log_prob, precision=precision,
                                        interpret=INTERPRET))(rows, params),
                                    precision=precision))
-    if triton_runs():
-        from gpustat.triton import mixture as triton_mixture
-
-        case = "loglik_error_f16x3"
-        errors[case] = guarded(rec, case, rows.shape, {"precision": "f16x3"},
-                               lambda: record(case, "triton",
-                                              jax.jit(triton_mixture.log_prob)(rows, params),
-                                              precision="f16x3"))
-    if mosaic_runs():
-        from gpustat.pallas import _mosaic_mixture as mosaic_mixture
-
-        case = "loglik_error_f16x3_mosaic"
-        errors[case] = guarded(rec, case, rows.shape, {"precision": "f16x3"},
-                               lambda: record(case, "mosaic",
-                                              jax.jit(mosaic_mixture.log_prob)(rows, params),
-                                              precision="f16x3"))
+    # the f16x3 E-steps: (case, backend, whether it runs here, module with log_prob)
+    for case, backend, runs, module in (
+            ("loglik_error_f16x3", "triton", triton_runs, "gpustat.triton.mixture"),
+            ("loglik_error_f16x3_mosaic", "mosaic", mosaic_runs,
+             "gpustat.pallas._mosaic_mixture")):
+        if runs():
+            log_prob = importlib.import_module(module).log_prob
+            errors[case] = guarded(rec, case, rows.shape, {"precision": "f16x3"},
+                                   lambda case=case, backend=backend, log_prob=log_prob: record(
+                                       case, backend, jax.jit(log_prob)(rows, params),
+                                       precision="f16x3"))
     errors["xla_reference"] = record("loglik_error_xla_reference", "xla_reference",
                                      jax.jit(ref.log_prob)(rows, params))
     xla_lse = jax.nn.logsumexp(jnp.dot(quadratic_features(rows), quadratic_weights(params),

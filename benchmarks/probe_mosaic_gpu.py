@@ -330,14 +330,19 @@ def _f64_gmem(cfg):
                         baseline=lambda v: v * 2, baseline_name="copy")
 
 
+def _per_sm_rows(cfg, cols: int, block_rows: int):
+    """(SM count, rows each SM streams, a multiple of block_rows; x of (SMs x rows, cols))."""
+    num_sms = cfg["num_sms"]
+    per_sm = cfg["n"] // cols // num_sms // block_rows * block_rows
+    x = jax.random.uniform(jax.random.key(1), (per_sm * num_sms, cols), jnp.float32)
+    return num_sms, per_sm, x
+
+
 @probe("emit_pipeline_copy_f32")
 def _emit_pipeline_copy(cfg):
     """plgpu.kernel over the SMs, each streaming its rows through emit_pipeline (TMA)."""
-    n, cols, block_rows, mcs = cfg["n"], 128, 32, 4
-    rows = n // cols
-    num_sms = cfg["num_sms"]
-    per_sm = rows // num_sms // block_rows * block_rows
-    x = jax.random.uniform(jax.random.key(1), (per_sm * num_sms, cols), jnp.float32)
+    cols, block_rows, mcs = 128, 32, 4
+    num_sms, per_sm, x = _per_sm_rows(cfg, cols, block_rows)
 
     def body(x_gmem, o_gmem):
         sm = jax.lax.axis_index("sm")
@@ -361,11 +366,8 @@ def _emit_pipeline_copy(cfg):
 def _emit_pipeline_ws_copy(cfg):
     """Warp specialisation: one memory warpgroup issues the TMA copies, one computes
     ((32, 128) float32 tiles 4 deep: 128 KB of shared memory)."""
-    n, cols, block_rows, mcs = cfg["n"], 128, 32, 4
-    rows = n // cols
-    num_sms = cfg["num_sms"]
-    per_sm = rows // num_sms // block_rows * block_rows
-    x = jax.random.uniform(jax.random.key(1), (per_sm * num_sms, cols), jnp.float32)
+    cols, block_rows, mcs = 128, 32, 4
+    num_sms, per_sm, x = _per_sm_rows(cfg, cols, block_rows)
 
     def body(x_gmem, o_gmem):
         sm = jax.lax.axis_index("sm")
