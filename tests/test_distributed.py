@@ -148,3 +148,26 @@ def test_value_checks_of_the_single_device_ops_run_before_sharding():
     with pytest.raises(ValueError, match="X contains 1 NaN"):
         distributed.suff_stats(X + np.diag([np.nan, 0, 0, 0]), params, mesh,
                                backend="reference")
+
+
+def test_merge_requests_sums_every_request_of_a_row_at_its_first():
+    from gpustat.distributed._fm_rows import merge_requests
+
+    rng = np.random.default_rng(0)
+    n_dev, capacity, n_rows = 3, 6, 10
+    blocks = []
+    for _ in range(n_dev):  # each block sorted, distinct ids, padded with n_rows
+        ids = np.sort(rng.choice(n_rows, rng.integers(0, capacity + 1), replace=False))
+        blocks.append(np.concatenate([ids, np.full(capacity - ids.size, n_rows)]))
+    asked = np.stack(blocks).astype(np.int32)
+    table = rng.normal(size=(n_dev * capacity, 2, 3))
+    first, (summed,) = merge_requests(jnp.asarray(asked), [jnp.asarray(table)], n_rows)
+    flat = asked.reshape(-1)
+    expected_first = np.zeros(flat.size, bool)
+    for row in np.unique(flat[flat < n_rows]):
+        where = np.flatnonzero(flat == row)
+        expected_first[where[0]] = True
+        np.testing.assert_allclose(np.asarray(summed)[where[0]], table[where].sum(axis=0),
+                                   rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(np.asarray(first), expected_first)
+    assert (np.bincount(flat[flat < n_rows]) > 1).any()  # the draw has repeated rows

@@ -19,11 +19,14 @@ rows, :func:`~gpustat.estimators._train.touched_rows`):
   state row-sharded: device ``g`` owns the contiguous rows
   ``[g p_local, (g + 1) p_local)``): the sorted unique list is already grouped by
   owner; one ``all_to_all`` sends each owner up to ``capacity`` requested row ids,
-  a second returns the rows, a third sends the summed row gradients back (the
-  leaves of one exchange packed into one buffer); each
-  owner sums the contributions of all requesters per row and steps its rows once.
-  A device with more than ``capacity`` rows for one owner raises the step's
-  overflow flag (the driver raises; nothing is dropped silently).
+  one per row leaf returns the rows, and one per gradient table sends the summed row
+  gradients back (large leaves travel unpacked: joining them would copy them).
+  Each owner keeps the requested rows in the layout it served them in (D sorted
+  blocks, one per requester): a row asked by several requesters is stepped once, at
+  its first request, with every requester's contribution added there
+  (:func:`merge_requests`); the other requests of that row are dropped. A device with
+  more than ``capacity`` rows for one owner raises the step's overflow flag (the
+  driver raises; nothing is dropped silently).
 
 The bias ``w0`` and FwFM's ``r`` stay replicated: their gradients, the touched mask
 of ``r`` and the loss are summed by one packed ``psum``.
@@ -38,7 +41,7 @@ import numpy as np
 from gpustat.distributed._mesh import psum_packed
 from gpustat.estimators import _train as fm_train
 
-__all__ = ["owner_requests", "replicated_rows_step", "table_rows_step"]
+__all__ = ["merge_requests", "owner_requests", "replicated_rows_step", "table_rows_step"]
 
 
 def _row_gradients(cfg: fm_train.TrainConfig, sub, local, data: fm_train.DeviceRows, rows,
@@ -131,10 +134,45 @@ def _packed(collective, arrays, lead: int):
     return [part.reshape(*out.shape[:-1], *a.shape[lead:]) for part, a in zip(parts, arrays)]
 
 
-def _exchange(arrays, axis: str):
-    """``all_to_all`` of (D, capacity, ...) arrays of one dtype, packed: block ``t`` goes to
-    device ``t``, and block ``s`` of the result came from device ``s``."""
-    return _packed(lambda a: jax.lax.all_to_all(a, axis, 0, 0), arrays, 2)
+def _exchange(array, axis: str):
+    """``all_to_all`` of a (D, capacity, ...) array: block ``t`` goes to device ``t``, and
+    block ``s`` of the result came from device ``s``."""
+    return jax.lax.all_to_all(array, axis, 0, 0)
+
+
+def merge_requests(asked, tables, n_rows: int):
+    """Sum each requested row's contributions at its first request.
+
+    Args:
+        asked: (D, capacity) row ids the requesters sent one owner, distinct within a
+            block (one block per requester); ``n_rows`` is the padding.
+        tables: arrays of shape (D capacity, ...) in the layout of ``asked``: entry ``e``
+            holds the contribution of requester ``e // capacity`` to row
+            ``asked.flat[e]``.
+        n_rows: the owner's row count.
+
+    Returns:
+        ``(first, summed)``: (D capacity,) bool, true at the first request of each row
+        (blocks in device order) and false at padding and at repeated requests; and
+        ``tables`` with each first request holding the sum over every request of its row
+        (other entries hold partial sums; a caller drops them). At most D entries
+        share a row, so the sums take D - 1 shifted reads of the stably sorted ids.
+    """
+    n_dev = asked.shape[0]
+    flat = asked.reshape(-1)
+    size = flat.shape[0]
+    iota = jnp.arange(size, dtype=jnp.int32)
+    ids, order = jax.lax.sort((flat, iota), num_keys=1, is_stable=True)
+    rank = jnp.zeros(size, jnp.int32).at[order].set(iota, unique_indices=True)
+    first = ((rank == 0) | (ids[jnp.maximum(rank - 1, 0)] != flat)) & (flat < n_rows)
+    summed = list(tables)
+    for shift in range(1, n_dev):
+        later = jnp.minimum(rank + shift, size - 1)
+        same = (rank + shift < size) & (ids[later] == flat)
+        partner = jnp.where(same, order[later], 0)
+        summed = [acc + jnp.where(same.reshape(-1, *[1] * (acc.ndim - 1)), table[partner], 0)
+                  for acc, table in zip(summed, tables)]
+    return first, summed
 
 
 def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params, opt_state,
@@ -163,33 +201,31 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
     idx = data.idx[rows]
     uniq, local = fm_train.touched_rows(idx, p)
     ask, slot, counts = owner_requests(uniq, n_dev, p_local, capacity)
-    (asked,) = _exchange((ask,), axis)  # asked[s]: ids device s wants from this device
+    asked = _exchange(ask, axis)  # asked[s]: ids device s wants from this device
     served = fm_train._gather_rows(params, asked.reshape(-1))
-    answers = _exchange([served[name].reshape(n_dev, capacity, *served[name].shape[1:])
-                         for name in fm_train._ROW_LEAVES], axis)
     # the batch is scored on the answer blocks as they arrive (D capacity rows, unused
     # ones zero), its slots pointing at their id's answer row; the row gradients come
     # out in the same layout and go straight back
     sub = dict(params)
-    for name, got in zip(fm_train._ROW_LEAVES, answers):
-        sub[name] = got.reshape(n_dev * capacity, *got.shape[2:])
+    for name in fm_train._ROW_LEAVES:
+        leaf = served[name]
+        sub[name] = _exchange(leaf.reshape(n_dev, capacity, *leaf.shape[1:]),
+                              axis).reshape(leaf.shape)
     small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, slot[local], data, rows,
                                                           count)
     overflow = (counts > capacity).any()
     small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
-    back_aux, back_factors = _exchange(
-        [a.reshape(n_dev, capacity, -1) for a in (aux, factors)], axis)
-    mine, where = fm_train.touched_rows(asked, p_local)
-    grads, touched = fm_train._summed(
-        cfg, (small, r_touched, back_aux.reshape(asked.size, -1),
-              back_factors.reshape(asked.size, -1)), where.reshape(-1), mine.shape[0])
+    back = [_exchange(a.reshape(n_dev, capacity, -1), axis).reshape(a.shape)
+            for a in (aux, factors)]
+    first, (aux, factors) = merge_requests(asked, back, p_local)
+    grads, touched = fm_train._unpacked(cfg, small, r_touched, aux, factors)
     skip = stopped | overflow
-    # a skipped step steps no row (every id out of range: dropped) and keeps the
-    # replicated leaves
-    mine = jnp.where(skip, p_local, mine)
-    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, mine,
-                                                fm_train._gather_rows(params, mine), grads,
-                                                touched)
+    # each row is stepped at its first request, on the rows served from it; repeats,
+    # padding and a skipped step's ids are out of range (dropped); a skipped step
+    # keeps the replicated leaves
+    ids = jnp.where(first & ~skip, asked.reshape(-1), p_local)
+    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, ids, served, grads,
+                                                touched, ids_sorted=False)
 
     def keep(new, old):
         return {name: leaf if name in fm_train._ROW_LEAVES else jnp.where(skip, old[name], leaf)

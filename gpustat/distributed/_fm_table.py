@@ -23,7 +23,8 @@ order of floating-point sums.
 ``capacity`` bounds the row ids one device may ask of one owner in one batch.
 :func:`plan_capacity` finds the largest such count of an epoch on the devices
 (one pass of the batches' unique-index sorts) and rounds it up to a grid of
-8 steps per octave. A too small ``capacity`` given by hand is detected in the
+32 steps per octave (at most 3.2% padding: every padded slot is exchanged and
+stepped). A too small ``capacity`` given by hand is detected in the
 step that exceeds it: that batch and the rest of the epoch are not applied and
 :class:`CapacityError` carries the state after the last complete batch.
 """
@@ -215,10 +216,10 @@ def init_fm_table(model: str, n_features: int, n_factors: int, tx, mesh: Mesh, *
 
 
 def _round_capacity(n: int, limit: int) -> int:
-    """``n`` rounded up to a grid of 8 steps per octave (few distinct compiles), at most
+    """``n`` rounded up to a grid of 32 steps per octave (few distinct compiles), at most
     ``limit`` and at least 1."""
     n = max(int(n), 1)
-    step = max(next_pow2(n) // 16, 1)
+    step = max(next_pow2(n) // 64, 1)
     return min(-(-n // step) * step, limit)
 
 

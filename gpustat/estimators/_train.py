@@ -454,10 +454,10 @@ def _gather_rows(tree, uniq):
             for name, leaf in tree.items()}
 
 
-def _scatter_rows(tree, rows, uniq):
+def _scatter_rows(tree, rows, uniq, ids_sorted: bool = True):
     """``tree`` with the rows ``uniq`` of its feature-axis leaves replaced by ``rows``
     (the fill index p is out of range: dropped)."""
-    return {name: leaf.at[uniq].set(rows[name], mode="drop", indices_are_sorted=True)
+    return {name: leaf.at[uniq].set(rows[name], mode="drop", indices_are_sorted=ids_sorted)
             if name in _ROW_LEAVES else rows[name] for name, leaf in tree.items()}
 
 
@@ -503,17 +503,19 @@ def _sparse_step(cfg: TrainConfig, params, opt_state, data: DeviceRows, rows, co
     return params, opt_state, batch_loss
 
 
-def _step_rows(cfg: TrainConfig, params, opt_state, uniq, sub, grads, touched):
-    """Step the rows ``uniq`` (sorted, padded with the out-of-range index) of the
-    parameters and of the row-wise state, given their gathered parameter rows ``sub``
-    and the batch's summed (grads, touched) on them; the rest is left unchanged."""
+def _step_rows(cfg: TrainConfig, params, opt_state, uniq, sub, grads, touched,
+               ids_sorted: bool = True):
+    """Step the rows ``uniq`` (distinct in-range ids, sorted where ``ids_sorted``; entries
+    out of range are skipped) of the parameters and of the row-wise state, given their
+    gathered parameter rows ``sub`` and the batch's summed (grads, touched) on them; the
+    rest is left unchanged."""
     sub_state = _state_map(lambda field: _gather_rows(field, uniq), opt_state)
     grads = _add_l2(cfg, grads, touched, sub)
     updates, sub_state = cfg.tx.update(grads, sub_state, sub, touched=touched)
     sub = optax.apply_updates(sub, updates)
-    params = _scatter_rows(params, sub, uniq)
-    opt_state = _state_map(lambda full, part: _scatter_rows(full, part, uniq), opt_state,
-                           sub_state)
+    params = _scatter_rows(params, sub, uniq, ids_sorted)
+    opt_state = _state_map(lambda full, part: _scatter_rows(full, part, uniq, ids_sorted),
+                           opt_state, sub_state)
     return params, opt_state
 
 
