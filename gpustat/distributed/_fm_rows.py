@@ -19,8 +19,9 @@ rows, :func:`~gpustat.estimators._train.touched_rows`):
   state row-sharded: device ``g`` owns the contiguous rows
   ``[g p_local, (g + 1) p_local)``): the sorted unique list is already grouped by
   owner; one ``all_to_all`` sends each owner up to ``capacity`` requested row ids,
-  one per row leaf returns the rows, and one per gradient table sends the summed row
-  gradients back (large leaves travel unpacked: joining them would copy them).
+  a second returns the rows, a third sends the summed row gradients back (the
+  arrays of one exchange packed into one buffer where they are small, one collective
+  each where they are large).
   Each owner keeps the requested rows in the layout it served them in (D sorted
   blocks, one per requester): a row asked by several requesters is stepped once, at
   its first request, with every requester's contribution added there
@@ -134,10 +135,21 @@ def _packed(collective, arrays, lead: int):
     return [part.reshape(*out.shape[:-1], *a.shape[lead:]) for part, a in zip(parts, arrays)]
 
 
-def _exchange(array, axis: str):
-    """``all_to_all`` of a (D, capacity, ...) array: block ``t`` goes to device ``t``, and
-    block ``s`` of the result came from device ``s``."""
-    return jax.lax.all_to_all(array, axis, 0, 0)
+#: exchanges up to this size travel packed in one collective: packing copies the
+#: arrays in and out, which below it costs less than a second collective's fixed latency
+_PACK_BYTES = 16 << 20
+
+
+def _exchange(arrays, axis: str):
+    """``all_to_all`` of (D, capacity, ...) arrays of one dtype: block ``t`` goes to device
+    ``t``, and block ``s`` of the result came from device ``s``. Small exchanges travel
+    packed (``_PACK_BYTES``), large ones one collective per array (no copies)."""
+    def collective(a):
+        return jax.lax.all_to_all(a, axis, 0, 0)
+
+    if sum(a.size * a.dtype.itemsize for a in arrays) <= _PACK_BYTES:
+        return _packed(collective, arrays, 2)
+    return [collective(a) for a in arrays]
 
 
 def merge_requests(asked, tables, n_rows: int):
@@ -175,6 +187,62 @@ def merge_requests(asked, tables, n_rows: int):
     return first, summed
 
 
+def _whole_shard_step(cfg: fm_train.TrainConfig, axis: str, params, opt_state,
+                      data: fm_train.DeviceRows, rows, count, stopped):
+    """The step where a batch may ask every row of an owner: no ids travel; each device
+    gathers every shard (the whole table, in id order), scores its rows on it, and the
+    row gradients are summed onto their owners (``psum_scatter``); every row of the
+    shard is stepped (rows no batch touched are left alone by the lazy step)."""
+    sub = dict(params)
+    for name in fm_train._ROW_LEAVES:
+        sub[name] = jax.lax.all_gather(params[name], axis, tiled=True)
+    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, data.idx[rows], data,
+                                                          rows, count)
+    small, r_touched, loss = psum_packed((small, r_touched, loss), axis)
+    aux, factors = (jax.lax.psum_scatter(a, axis, scatter_dimension=0, tiled=True)
+                    for a in (aux, factors))
+    grads, touched = fm_train._unpacked(cfg, small, r_touched, aux, factors)
+    p_local = params["w"].shape[0]
+    every = jnp.where(stopped, p_local, jnp.arange(p_local))  # stopped: out of range
+    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, every, params, grads,
+                                                touched)
+    return new_params, new_state, loss, jnp.zeros((), bool)
+
+
+def _requested_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
+                         opt_state, data: fm_train.DeviceRows, rows, count, stopped):
+    """The step where each device requests its batch's unique rows from their owners
+    (at most ``capacity`` of each); see :func:`table_rows_step`."""
+    n_dev = jax.lax.axis_size(axis)
+    p_local = params["w"].shape[0]
+    uniq, local = fm_train.touched_rows(data.idx[rows], n_dev * p_local)
+    ask, slot, counts = owner_requests(uniq, n_dev, p_local, capacity)
+    (asked,) = _exchange([ask], axis)  # asked[s]: ids device s wants from this device
+    served = fm_train._gather_rows(params, asked.reshape(-1))
+    # the batch is scored on the answer blocks as they arrive (D capacity rows, unused
+    # ones zero), its slots pointing at their id's answer row; the row gradients come
+    # out in the same layout and go straight back
+    answers = _exchange([served[name].reshape(n_dev, capacity, *served[name].shape[1:])
+                         for name in fm_train._ROW_LEAVES], axis)
+    sub = dict(params)
+    for name, got in zip(fm_train._ROW_LEAVES, answers):
+        sub[name] = got.reshape(served[name].shape)
+    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, slot[local], data, rows,
+                                                          count)
+    overflow = (counts > capacity).any()
+    small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
+    back = _exchange([a.reshape(n_dev, capacity, -1) for a in (aux, factors)], axis)
+    first, (aux, factors) = merge_requests(
+        asked, [b.reshape(n_dev * capacity, -1) for b in back], p_local)
+    grads, touched = fm_train._unpacked(cfg, small, r_touched, aux, factors)
+    # each row is stepped at its first request, on the rows served from it; repeats,
+    # padding and a skipped step's ids are out of range (dropped)
+    ids = jnp.where(first & ~(stopped | overflow), asked.reshape(-1), p_local)
+    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, ids, served, grads,
+                                                touched, ids_sorted=False)
+    return new_params, new_state, loss, overflow
+
+
 def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params, opt_state,
                     data: fm_train.DeviceRows, rows, count, stopped):
     """One global batch on a row-sharded table.
@@ -182,7 +250,9 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
     Args:
         cfg: static settings; ``cfg.tx`` a row-wise transformation.
         axis: the mesh axis.
-        capacity: static number of row ids one device may request from one owner.
+        capacity: static number of row ids one device may request from one owner; at
+            least ``p_local`` (every row of an owner), the whole shards are exchanged
+            instead of requested rows.
         params, opt_state: this device's rows of ``w``, ``V`` and of their state
             (``p_local`` rows each), the replicated ``w0`` and ``r``.
         data: this device's rows; ``rows`` (B / D,) its share of the batch.
@@ -195,37 +265,14 @@ def table_rows_step(cfg: fm_train.TrainConfig, axis: str, capacity: int, params,
         one owner, both replicated. An overflowing (or stopped) step changes nothing
         and its loss is 0.
     """
-    n_dev = jax.lax.axis_size(axis)
     p_local = params["w"].shape[0]
-    p = n_dev * p_local
-    idx = data.idx[rows]
-    uniq, local = fm_train.touched_rows(idx, p)
-    ask, slot, counts = owner_requests(uniq, n_dev, p_local, capacity)
-    asked = _exchange(ask, axis)  # asked[s]: ids device s wants from this device
-    served = fm_train._gather_rows(params, asked.reshape(-1))
-    # the batch is scored on the answer blocks as they arrive (D capacity rows, unused
-    # ones zero), its slots pointing at their id's answer row; the row gradients come
-    # out in the same layout and go straight back
-    sub = dict(params)
-    for name in fm_train._ROW_LEAVES:
-        leaf = served[name]
-        sub[name] = _exchange(leaf.reshape(n_dev, capacity, *leaf.shape[1:]),
-                              axis).reshape(leaf.shape)
-    small, r_touched, aux, factors, loss = _row_gradients(cfg, sub, slot[local], data, rows,
-                                                          count)
-    overflow = (counts > capacity).any()
-    small, r_touched, loss, overflow = psum_packed((small, r_touched, loss, overflow), axis)
-    back = [_exchange(a.reshape(n_dev, capacity, -1), axis).reshape(a.shape)
-            for a in (aux, factors)]
-    first, (aux, factors) = merge_requests(asked, back, p_local)
-    grads, touched = fm_train._unpacked(cfg, small, r_touched, aux, factors)
+    if capacity >= p_local:
+        new_params, new_state, loss, overflow = _whole_shard_step(
+            cfg, axis, params, opt_state, data, rows, count, stopped)
+    else:
+        new_params, new_state, loss, overflow = _requested_rows_step(
+            cfg, axis, capacity, params, opt_state, data, rows, count, stopped)
     skip = stopped | overflow
-    # each row is stepped at its first request, on the rows served from it; repeats,
-    # padding and a skipped step's ids are out of range (dropped); a skipped step
-    # keeps the replicated leaves
-    ids = jnp.where(first & ~skip, asked.reshape(-1), p_local)
-    new_params, new_state = fm_train._step_rows(cfg, params, opt_state, ids, served, grads,
-                                                touched, ids_sorted=False)
 
     def keep(new, old):
         return {name: leaf if name in fm_train._ROW_LEAVES else jnp.where(skip, old[name], leaf)

@@ -439,6 +439,19 @@ def check_fm_table():
         errs[model] = {"params": _err(head(got[0]), pb.ref[0]),
                        "state": _err(fm_train._state_map(head, got[1]), pb.ref[1]),
                        "loss": _err(got[2], pb.ref[2])}
+    # the same epoch with large exchanges as one collective per array
+    from gpustat.distributed import _fm_rows
+
+    saved, _fm_rows._PACK_BYTES = _fm_rows._PACK_BYTES, 0
+    try:
+        params, opt_state = distributed.shard_fm_table(pb.params, pb.opt_state, pb.mesh)
+        got = distributed.train_epoch_model_parallel(pb.cfg, params, opt_state, pb.data,
+                                                     pb.orders, pb.mesh)
+    finally:
+        _fm_rows._PACK_BYTES = saved
+    errs["ffm_unpacked"] = {"params": _err(head(got[0]), pb.ref[0]),
+                            "state": _err(fm_train._state_map(head, got[1]), pb.ref[1]),
+                            "loss": _err(got[2], pb.ref[2])}
     # capacity: the plan covers the numpy count; a smaller one stops at the first batch
     # that exceeds it, with the state of the single-device epoch over the batches before
     rng = np.random.default_rng(3)
