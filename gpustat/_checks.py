@@ -63,4 +63,7 @@ def as_array(value, name: str, *, op: str = "") -> jax.Array:
     dtype = np.dtype(dtype)
     if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):  # bfloat16 is a number
         raise TypeError(f"{where}{name} must be an array of numbers, got {name}.dtype={dtype}")
-    return value if isinstance(value, jax.Array) else jnp.asarray(value)
+    if isinstance(value, jax.Array):
+        return value
+    # a numpy array is moved as it is: jnp.asarray stages it through a program per shape
+    return jax.device_put(value) if type(value) is np.ndarray else jnp.asarray(value)

@@ -390,16 +390,19 @@ def test_jit_closing_over_concrete_data_checks_it_eagerly(blobs, params):
         jax.jit(lambda: mixture.suff_stats_from_labels(X, labels_bad, 3))()
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "diag"])
-def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(covariance_type):
+def test_second_fit_and_inference_of_the_same_shapes_compile_nothing():
     """A fit, predict, predict_proba, score_samples and score of new data of the same
-    shapes (a new estimator, as in cross-validation) compiles no program."""
+    shapes (a new estimator, as in cross-validation) compiles no program. So does one of
+    "diag" after "full" on fewer rows: "diag" runs the programs of "full" on the reference
+    path (its M-step keeping the diagonals), and small data (n p^2 <= 2^11) are padded to
+    one row count (128 at p = 3)."""
     rng = np.random.default_rng(4)
     X = np.concatenate([rng.normal(size=(60, 3)), rng.normal(size=(60, 3)) + 4.0])
 
-    def run(X):
+    def run(X, covariance_type="full"):
+        # reg_covar of this test alone: its first fit compiles its programs
         gm = gpustat.GaussianMixture(2, covariance_type=covariance_type, random_state=0,
-                                     backend="reference").fit(X)
+                                     reg_covar=2e-6, backend="reference").fit(X)
         gm.predict(X)
         gm.predict_proba(X)
         gm.score_samples(X)
@@ -407,6 +410,7 @@ def test_second_fit_and_inference_of_the_same_shapes_compile_nothing(covariance_
 
     assert count_compiles(lambda: run(X)) > 0
     assert count_compiles(lambda: run(X[::-1] * 1.5 + 1.0)) == 0
+    assert count_compiles(lambda: run(X[:50], "diag")) == 0
 
 
 def test_folds_of_nearby_sizes_share_compiled_programs():
@@ -414,9 +418,10 @@ def test_folds_of_nearby_sizes_share_compiled_programs():
     rows after one on 100, and inference on 53 rows after 50 (as cross-validation folds),
     by a new estimator with the same settings, compile nothing; the padding changes no
     result (the labels and scores of the rows given, against a fit on the rows alone
-    computed by scikit-learn from the fitted parameters)."""
+    computed by scikit-learn from the fitted parameters). Five features: buckets above
+    the small-data minimum (64 rows)."""
     rng = np.random.default_rng(5)
-    X = np.concatenate([rng.normal(size=(80, 2)), rng.normal(size=(80, 2)) + 4.0])
+    X = np.concatenate([rng.normal(size=(80, 5)), rng.normal(size=(80, 5)) + 4.0])
     rng.shuffle(X)
 
     def run(train, test):

@@ -115,6 +115,30 @@ def test_map_m_step_computes_a_float64_prior_in_the_statistics_dtype():
     assert_close(got.weights, (counts + 2.0) / np.sum(counts + 2.0), rtol=1e-6)
 
 
+def test_diagonal_m_step_is_the_diag_model_in_dense_form_from_one_program():
+    """m_step(covariance_type="full", diagonal=flag) under one jit, the flag traced: true
+    gives scikit-learn's diag estimates (float64) as dense matrices with zero off-diagonal
+    entries and diagonal precision factors; false its full estimates."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 3)) @ np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.3], [0.0, 0.0, 1.0]])
+    X -= X.mean(axis=0)
+    resp = rng.dirichlet(np.ones(2), len(X))
+    stats = _stats(X, resp, np.float64)
+    step = jax.jit(lambda stats, diagonal: mixture.m_step(stats, diagonal=diagonal))
+    for diagonal, kind in ((True, "diag"), (False, "full")):
+        got = step(stats, np.asarray(diagonal))
+        _, means, want = _estimate_gaussian_parameters(X, resp, 1e-6, kind)
+        assert_close(got.means, means, rtol=1e-12, atol=1e-14)
+        dense = want[..., None] * np.eye(3) if kind == "diag" else want
+        assert_close(got.covariances, dense, rtol=1e-12, atol=1e-15)
+        chol = np.asarray(got.precisions_cholesky)
+        assert_close(chol @ np.swapaxes(chol, 1, 2), np.linalg.inv(dense), rtol=1e-10)
+        assert np.all(chol[:, ~np.eye(3, dtype=bool)] == 0) == (kind == "diag")
+    assert step._cache_size() == 1
+    with pytest.raises(ValueError, match="diagonal needs covariance_type='full'"):
+        mixture.m_step(stats, covariance_type="tied", diagonal=True)
+
+
 def test_m_step_bad_input_names_the_argument():
     _, _, stats = _outlying_pair(np.float64)
     with pytest.raises(TypeError, match="stats must be a SuffStats"):

@@ -136,10 +136,12 @@ def _far_from_pivot(new: MixtureParams, pivot):
     return ~_is_finite(new) | jnp.any(~(moved <= spread))
 
 
-def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_iter, reg_covar,
-             weight_prior, component_prior, path, precision, report_every, axis_name=None):
+def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, diagonal, *, tol, max_iter,
+             reg_covar, weight_prior, component_prior, path, precision, report_every,
+             axis_name=None):
     """The EM ``while_loop`` on centred rows ``Xc``; ``axis_name``: rows split over that
-    ``shard_map`` axis (statistics summed over it, so every device takes the same branch).
+    ``shard_map`` axis (statistics summed over it, so every device takes the same branch);
+    ``diagonal``: :func:`m_step`'s (None, or the diag model in dense full form).
 
     Each trip is one fused :func:`suff_stats` pass about a pivot per component (the
     current means; the Triton E-step sums about the origin of the centred data) and the
@@ -152,7 +154,7 @@ def _em_loop(Xc, w, total_w, init, initial_lower_bound, restart, *, tol, max_ite
     """
     dtype = Xc.dtype
     m_step_kwargs = dict(reg_covar=reg_covar, weight_prior=weight_prior,
-                         component_prior=component_prior)
+                         component_prior=component_prior, diagonal=diagonal)
     # their GEMM sums raw moments: m_step's collapse floor applies
     pivoted = path not in ("triton", "mosaic")
 
@@ -276,12 +278,16 @@ def weighted_shift(X, w, axis_name=None):
     return weighted_sum / total_w, total_w
 
 
-def fit_em_rows(X, w, init, initial_lower_bound, *, tol, max_iter, reg_covar, weight_prior,
-                component_prior, path, precision, report_every=0, axis_name=None) -> EMResult:
+def fit_em_rows(X, w, init, initial_lower_bound, diagonal=None, *, tol, max_iter, reg_covar,
+                weight_prior, component_prior, path, precision, report_every=0,
+                axis_name=None) -> EMResult:
     """EM on validated rows: centring, the loop (restarts vmapped), the best restart.
 
     The single-device driver calls it under ``jit``; :mod:`gpustat.distributed` calls it
     inside ``shard_map`` with ``axis_name``, each device holding a block of rows.
+    ``diagonal``: optional bool () (traced under ``jit``) with full ``init``: fit the diag
+    model in dense form where true (:func:`m_step`'s ``diagonal``), so that one program
+    fits both.
     """
     shift, total_w = weighted_shift(X, w, axis_name)
     Xc = X - shift
@@ -291,12 +297,15 @@ def fit_em_rows(X, w, init, initial_lower_bound, *, tol, max_iter, reg_covar, we
 
     def run(start, restart):
         out = _em_loop(Xc, w, total_w, _shift_means(start, -shift), initial_lower_bound,
-                       restart, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
+                       restart, diagonal, tol=tol, max_iter=max_iter, reg_covar=reg_covar,
                        weight_prior=weight_prior, component_prior=component_prior,
                        path=path, precision=precision, report_every=report_every,
                        axis_name=axis_name)
         return (_shift_means(out[0], shift), *out[1:])
 
+    if init.weights.ndim == 2 and init.weights.shape[0] == 1:
+        # one restart runs unbatched: vmap's batching of the loop would trace it again
+        init = jax.tree.map(lambda a: a[0], init)
     if init.weights.ndim == 1:
         params, lb, n_iter, converged, status, trace = run(init, 0)
         return EMResult(params, lb, trace, n_iter, converged, status, lb[None])

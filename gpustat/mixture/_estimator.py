@@ -51,6 +51,16 @@ __all__ = ["ConvergenceWarning", "GaussianMixture"]
 
 # padded rows x p^2 x components up to which a CPU fit compiles its programs quickly
 _QUICK_COMPILE_SIZE = 1 << 22
+# rows x p^2 of data small enough to compute in microseconds: fewer rows are padded up to
+# it (a power of two), so that small data of any size shares one set of programs
+_SMALL_DATA_SIZE = 1 << 11
+
+
+def _padded_rows(n: int, p: int) -> int:
+    """Rows that n rows of p features are padded to (with weight 0): :func:`row_bucket`,
+    and at least the largest power of two r with r p^2 <= ``_SMALL_DATA_SIZE``."""
+    return max(row_bucket(n), 1 << max((_SMALL_DATA_SIZE // (p * p)).bit_length() - 1, 0))
+
 
 _COLLAPSE_MESSAGE = (
     "Fitting the mixture model failed because some components have ill-defined empirical "
@@ -99,11 +109,26 @@ def _first_components(params: MixtureParams, k: int) -> MixtureParams:
     if params.n_components == k:
         return params
     tied = params.covariance_type == "tied"
-    cut = lambda a: jnp.asarray(np.asarray(a)[:k])  # noqa: E731
+    cut = lambda a: jax.device_put(np.asarray(a)[:k])  # noqa: E731
     return MixtureParams(cut(params.weights), cut(params.means),
                          params.covariances if tied else cut(params.covariances),
                          params.precisions_cholesky if tied else cut(params.precisions_cholesky),
                          params.covariance_type)
+
+
+def _in_form(params: MixtureParams, kind: str) -> MixtureParams:
+    """``params`` with covariance type ``kind``: diag parameters as dense "full" ones (their
+    diagonals embedded in (..., p, p) zeros) or back, on the host (no program); any other
+    pair unchanged. Leading (restart) axes are kept."""
+    if {params.covariance_type, kind} != {"full", "diag"}:
+        return params
+    if kind == "full":
+        convert = lambda a: a[..., None] * np.eye(a.shape[-1], dtype=a.dtype)  # noqa: E731
+    else:
+        convert = lambda a: np.diagonal(a, axis1=-2, axis2=-1)  # noqa: E731
+    return MixtureParams(params.weights, params.means,
+                         jax.device_put(convert(np.asarray(params.covariances))),
+                         jax.device_put(convert(np.asarray(params.precisions_cholesky))), kind)
 
 
 @jax.jit
@@ -273,8 +298,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                           "to compute in float64, or pass float32 X to silence this.",
                           UserWarning, stacklevel=3)
         n = X.shape[0]
-        if pad and row_bucket(n) > n:
-            X = np.concatenate([X, np.zeros((row_bucket(n) - n, X.shape[1]), X.dtype)])
+        rows = _padded_rows(n, X.shape[1]) if pad else n
+        if rows > n:
+            X = np.concatenate([X, np.zeros((rows - n, X.shape[1]), X.dtype)])
         X = check_data(integers_as_float(X))
         if fitting:
             if n < self.n_components:
@@ -327,10 +353,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     # ------------------------------------------------------------------ fitting
 
     def _initial_params(self, X, w, key, n_init: int, n_slots: int | None = None,
-                        quick: bool = False) -> MixtureParams:
+                        quick: bool = False, kind: str | None = None) -> MixtureParams:
         """Initial parameters (leading (n_init,) axis) from the rows X with weights w;
         with ``n_slots`` > m (no user inits) the components m..n_slots-1 are absent
-        (weight 0), so that every m up to n_slots runs one program."""
+        (weight 0), so that every m up to n_slots runs one program. ``kind``: the
+        covariance type of the initialisation program ("full" runs "diag" in dense form,
+        :meth:`_fit_kind`); the parameters returned may be of either form."""
         p = X.shape[1]
         weights, means, precisions = self._user_inits(p, X.dtype)
         batch = lambda a: jnp.broadcast_to(a, (n_init, *a.shape))  # noqa: E731
@@ -339,22 +367,30 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                                                  self.covariance_type)
             return jax.tree.map(batch, user)
         program = initialize_rows_quick if quick else initialize_rows
+        kind = kind or self.covariance_type
         init = program(key, X, w, n_slots or int(self.n_components),
-                               jnp.asarray(int(self.n_components), jnp.int32),
-                               covariance_type=self.covariance_type,
-                               reg_covar=float(self.reg_covar), method=self.init_params,
-                               n_init=n_init)
+                       np.asarray(int(self.n_components), np.int32),
+                       np.asarray(self.covariance_type == "diag") if kind == "full" else None,
+                       covariance_type=kind, reg_covar=float(self.reg_covar),
+                       method=self.init_params, n_init=n_init)
         if weights is None and means is None and precisions is None:
             return init
         weights = init.weights if weights is None else batch(weights)
         means = init.means if means is None else batch(means)
         if precisions is None:
             return MixtureParams(weights, means, init.covariances, init.precisions_cholesky,
-                                 self.covariance_type)
+                                 init.covariance_type)
         user = MixtureParams.from_precisions(weights[0], means[0], precisions,
                                              self.covariance_type)
         return MixtureParams(weights, means, batch(user.covariances),
                              batch(user.precisions_cholesky), self.covariance_type)
+
+    def _fit_kind(self, path: str) -> str:
+        """The covariance type of the fitting programs: "full" for "diag" too on the
+        reference path (whose E-step forms dense factors anyway), with the M-step keeping
+        the diagonals, so that both models share their programs; else the model's."""
+        return "full" if path == "reference" and self.covariance_type == "diag" else (
+            self.covariance_type)
 
     def _slots(self, path: str, n_rows: int) -> int | None:
         """Components to fit with on the reference path (CPU, where compilation dominates
@@ -403,40 +439,49 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 covariance): the message suggests increasing ``reg_covar``.
         """
         del y
-        self.fit_predict(X)
+        self._fit(X)
         return self
 
     def fit_predict(self, X, y=None) -> np.ndarray:
         """Fit, then return the (n,) most probable component of every row."""
         del y
+        X, n = self._fit(X)
+        return self._labels(X)[:n]
+
+    def _fit(self, X) -> tuple[jax.Array, int]:
+        """:meth:`fit`; returns the checked, padded rows and the number of rows given."""
         self._check_settings()
         X, n = self._check_X(X, fitting=True)
-        w = jnp.asarray(np.arange(X.shape[0]) < n, X.dtype)  # padding rows: weight 0
+        w = np.asarray(np.arange(X.shape[0]) < n, X.dtype)  # padding rows: weight 0
         path = resolve_mixture_backend(self.backend, X.shape[1], "fit_em", self.precision)
         slots = self._slots(path, X.shape[0])
+        kind = self._fit_kind(path)
         # small data on a CPU: compiling dominates, so the programs skip LLVM's passes
         quick = (X.devices().pop().platform == "cpu"
                  and X.shape[0] * X.shape[1] ** 2 * (slots or int(self.n_components))
                  <= _QUICK_COMPILE_SIZE)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         if do_init:
-            init = self._initial_params(X, w, self._key(), int(self.n_init), slots, quick)
+            init = self._initial_params(X, w, self._key(), int(self.n_init), slots, quick,
+                                        kind)
             start_bound = -math.inf
         else:
             init, start_bound = self._slot_params, self.lower_bound_
-        init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), init)
+        init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), _in_form(init, kind))
         # the settings were checked by _check_settings, the inits by _user_inits
         result = (fit_em_rows_quick_jit if quick else fit_em_rows_jit)(
-            X, w, init, jnp.asarray(start_bound, X.dtype), tol=float(self.tol),
+            X, w, init, np.asarray(start_bound, X.dtype),
+            np.asarray(self.covariance_type == "diag") if kind == "full" else None,
+            tol=float(self.tol),
             max_iter=int(self.max_iter), reg_covar=float(self.reg_covar), weight_prior=None,
             component_prior=None, precision=self.precision, path=path,
             report_every=int(self.verbose_interval) if self.verbose else 0)
+        fitted = _in_form(result.params, self.covariance_type)
         if int(result.status) != STATUS_OK:
-            raise ValueError(_collapse_message(X[:n], result.params, self.reg_covar,
+            raise ValueError(_collapse_message(X[:n], fitted, self.reg_covar,
                                                self._density_settings()))
         self.n_features_in_ = X.shape[1]
-        self._set_fitted(_first_components(result.params, int(self.n_components)),
-                         result.params)
+        self._set_fitted(_first_components(fitted, int(self.n_components)), result.params)
         self.__dict__.pop("_online_state", None)  # partial_fit restarts from these params
         self.converged_ = bool(result.converged)
         self.n_iter_ = int(result.n_iter)
@@ -448,8 +493,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if not self.converged_ and self.max_iter > 0:
             warnings.warn("Best performing initialization did not converge. Try different "
                           "init parameters, or increase max_iter, tol, or check for "
-                          "degenerate data.", ConvergenceWarning, stacklevel=2)
-        return self._labels(X)[:n]
+                          "degenerate data.", ConvergenceWarning, stacklevel=3)
+        return X, n
 
     def partial_fit(self, X, y=None) -> GaussianMixture:
         """One step of streaming (mini-batch) EM on the batch X (b, p).

@@ -229,7 +229,7 @@ def _one_point_components(X, indices, covariance_type: str, reg_covar):
 
 
 def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
-                    kmeans_max_iter, kmeans_tol, active):
+                    kmeans_max_iter, kmeans_tol, active, diagonal):
     present = jnp.arange(n_components) < active
     if method == "k-means++":
         seeds = _seed_rows(key, X, w, n_components, active)
@@ -242,11 +242,12 @@ def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
         seeds = X[_seed_rows(key, X, w, n_components, active)]
         centres = _lloyd(X, w, seeds, kmeans_max_iter, kmeans_tol, present)
         init = m_step(_label_stats(X, w, centres, present), covariance_type=covariance_type,
-                      reg_covar=reg_covar, pivot=centres)
+                      reg_covar=reg_covar, pivot=centres, diagonal=diagonal)
     else:
         resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype) * present
         stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True), w)
-        init = m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar)
+        init = m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar,
+                      diagonal=diagonal)
     # components past ``active`` are absent: weight 0 (EM keeps it 0)
     weights = jnp.where(present, init.weights, 0)
     return dataclasses.replace(init, weights=weights / jnp.sum(weights))
@@ -296,21 +297,26 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
                            kmeans_max_iter=check_int(kmeans_max_iter, "kmeans_max_iter", 0))
 
 
-def _initialize_rows(key, X, w, n_components, active=None, *, covariance_type, reg_covar,
-                     method, n_init, kmeans_max_iter=100):
+def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
+                     reg_covar, method, n_init, kmeans_max_iter=100):
     """:func:`initialize` on validated rows X (n, p) with row weights w (n,) (zero for rows
     that take no part, e.g. padding): one program per static setting and shape.
     ``active``: optional traced count a <= m of components that take part; the others
-    get weight 0 (so one program serves every a up to m)."""
+    get weight 0 (so one program serves every a up to m). ``diagonal``: optional traced
+    bool () with covariance_type "full": where true, the diag model's start in dense form
+    (:func:`m_step`'s ``diagonal``)."""
     active = n_components if active is None else active
     total = jnp.sum(w)
     shift = jnp.matmul(w, X, precision=_EXACT) / total
     Xc = X - shift
     tol = _lloyd_tol(Xc, w)
     keys = jax.random.split(key, n_init)
-    init = jax.vmap(lambda k: _initialize_one(k, Xc, w, n_components, covariance_type,
-                                              reg_covar, method, kmeans_max_iter, tol,
-                                              active))(keys)
+    one = lambda k: _initialize_one(k, Xc, w, n_components, covariance_type,  # noqa: E731
+                                    reg_covar, method, kmeans_max_iter, tol, active, diagonal)
+    if n_init == 1:  # unbatched: vmap's batching of the loops would trace them again
+        init = jax.tree.map(lambda a: a[None], one(keys[0]))
+    else:
+        init = jax.vmap(one)(keys)
     return dataclasses.replace(init, means=init.means + shift)
 
 

@@ -41,8 +41,10 @@ from gpustat.reference.mixture import MixtureParams, SuffStats
 __all__ = ["m_step"]
 
 
-def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_covar):
-    """Covariances from the statistics and the means about their origin (the pivot)."""
+def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_covar,
+                     diagonal=None):
+    """Covariances from the statistics and the means about their origin (the pivot);
+    ``diagonal`` (full only): off-diagonal entries 0 where it is true."""
     p = means.shape[-1]
     # sum_i r (x - mu)(x - mu)^T / N = S2 / N - mu mu^T (2 - counts / N), N = counts + 10 eps
     second = stats.sum_xx / nk[:, None, None]
@@ -50,6 +52,8 @@ def _mle_covariances(stats: SuffStats, nk, means, covariance_type: str, reg_cova
                                                                                         None]
     eye = jnp.eye(p, dtype=means.dtype)
     if covariance_type == "full":
+        if diagonal is not None:
+            centred = jnp.where(~jnp.asarray(diagonal) | jnp.eye(p, dtype=bool), centred, 0)
         return centred + reg_covar * eye
     if covariance_type == "tied":
         outer = jnp.einsum("k,ka,kb->ab", nk, means, means, precision=jax.lax.Precision.HIGHEST)
@@ -113,7 +117,8 @@ def _check_stats(stats) -> None:
 
 def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float = 1e-6,
            weight_prior: DirichletPrior | StickBreakingPrior | None = None,
-           component_prior: NIWPrior | None = None, pivot=None) -> MixtureParams:
+           component_prior: NIWPrior | None = None, pivot=None,
+           diagonal=None) -> MixtureParams:
     """Mixture parameters from E-step statistics (MLE, or MAP under the given priors).
 
     Args:
@@ -126,6 +131,11 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
             ``stats``.
         pivot: optional (k, p) pivots c_j about which ``stats`` were accumulated
             (``suff_stats(..., pivot=...)``); None: about the origin.
+        diagonal: optional bool () with ``covariance_type="full"`` and no
+            ``component_prior``, traced or not: where true, the covariances keep only their
+            diagonals (the "diag" model held as dense (k, p, p) matrices, its values those
+            of ``covariance_type="diag"`` up to rounding), so that one compiled program
+            fits both models.
 
     Returns:
         :class:`MixtureParams` in the dtype of ``stats``. A component whose covariance is
@@ -136,13 +146,17 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
     Raises:
         TypeError: ``stats`` is not a :class:`SuffStats`, or a prior of the wrong type.
         ValueError: batched or inconsistent statistics' shapes, a negative ``reg_covar``,
-            an improper prior, or a prior's shapes not matching p.
+            an improper prior, a prior's shapes not matching p, or ``diagonal`` with
+            another covariance type or a ``component_prior``.
     """
     _check_stats(stats)
     check_reg_covar(reg_covar)
     dtype = stats.counts.dtype
     weight_prior = check_weight_prior(weight_prior, dtype)
     component_prior = check_component_prior(component_prior, stats.sum_x.shape[-1], dtype)
+    if diagonal is not None and (covariance_type != "full" or component_prior is not None):
+        raise ValueError(f"diagonal needs covariance_type='full' and no component_prior, got "
+                         f"{covariance_type=!r}")
     if pivot is not None and jnp.shape(pivot) != stats.sum_x.shape:
         raise ValueError(f"pivot must have the shape of stats.sum_x {stats.sum_x.shape}, got "
                          f"{jnp.shape(pivot)}")
@@ -151,7 +165,8 @@ def m_step(stats: SuffStats, *, covariance_type: str = "full", reg_covar: float 
     weights = _map_weights(nk, weight_prior)
     if component_prior is None:
         offsets = stats.sum_x / nk[:, None]
-        covariances = _mle_covariances(stats, nk, offsets, covariance_type, reg_covar)
+        covariances = _mle_covariances(stats, nk, offsets, covariance_type, reg_covar,
+                                       diagonal)
         means = offsets if pivot is None else pivot + offsets
     else:
         if covariance_type != "full":
