@@ -322,11 +322,7 @@ def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, cov
 
 _INIT_STATIC = ("n_components", "covariance_type", "reg_covar", "method", "n_init",
                 "kmeans_max_iter")
-# the initialisation runs once a fit: its matmuls take XLA's default GPU kernels rather
-# than autotuned ones (autotuning compiles candidates for each: seconds a new shape)
-_NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
-initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
-                          compiler_options=_NO_AUTOTUNE)
+initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC)
 # the same program compiled without LLVM's optimisation passes (small data on a CPU)
 initialize_rows_quick = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
-                                compiler_options={**QUICK_COMPILE, **_NO_AUTOTUNE})
+                                compiler_options=QUICK_COMPILE)
