@@ -20,7 +20,9 @@ contributions summed. With a row-wise optimizer (SGD, AdaGrad, Adam, FTRL of
 :func:`gpustat.estimators._train.train_epoch` over :func:`global_order`, up to the
 order of floating-point sums.
 
-``capacity`` bounds the row ids one device may ask of one owner in one batch.
+``capacity`` bounds the row ids one device may ask of one owner in one batch; where it
+reaches an owner's rows (a small or densely used table), the steps exchange whole shards
+instead (no ids, no sorts).
 :func:`plan_capacity` finds the largest such count of an epoch on the devices
 (one pass of the batches' unique-index sorts) and rounds it up to a grid of
 32 steps per octave (at most 3.2% padding: every padded slot is exchanged and
@@ -321,7 +323,9 @@ def train_epoch_model_parallel(cfg: fm_train.TrainConfig, params, opt_state, dat
         local_orders: D arrays of local row ids (a permutation of each block's rows).
         mesh: 1-D mesh.
         capacity: row ids one device may ask of one owner per batch; ``None`` plans
-            it (:func:`plan_capacity`).
+            it (:func:`plan_capacity`). At an owner's row count or more, no ids travel:
+            the steps exchange whole shards (``all_gather`` of the rows,
+            ``psum_scatter`` of their gradients).
 
     Returns:
         ``(params, opt_state, weighted loss sum)``; equal to
