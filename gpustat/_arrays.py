@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["compute_dtype", "next_pow2", "nonempty", "over_row_chunks", "pad_axis", "row_bucket",
-           "row_weights"]
+__all__ = ["compute_dtype", "grid_size", "next_pow2", "nonempty", "over_row_chunks", "pad_axis",
+           "row_bucket", "row_weights"]
 
 
 def next_pow2(n: int) -> int:
@@ -14,13 +14,20 @@ def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def row_bucket(n: int) -> int:
-    """Smallest size >= n of the form j 2^e with 4 <= j < 8 (four sizes per octave; n
-    itself below 8): rows padded to it (with weight 0) let data of nearby sizes, such as
-    cross-validation folds, share one compiled program, for at most a quarter more rows."""
-    n = int(n)
-    step = 1 << max(n.bit_length() - 3, 0)
+def grid_size(n: int, per_octave: int) -> int:
+    """Smallest size >= n on a grid of ``per_octave`` equal steps between consecutive
+    powers of two (a power of two is its own size; steps of at least 1): padding to it
+    costs less than ``1 / per_octave`` more, and nearby sizes share one compiled program."""
+    n = max(int(n), 1)
+    step = max((1 << (n.bit_length() - 1)) // per_octave, 1)
     return -(-n // step) * step
+
+
+def row_bucket(n: int) -> int:
+    """Rows padded to (with weight 0) so that data of nearby sizes, such as
+    cross-validation folds, share one compiled program: :func:`grid_size` with four
+    sizes per octave (at most a quarter more rows)."""
+    return grid_size(n, 4)
 
 
 def compute_dtype(dtype) -> jnp.dtype:

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gpustat._arrays import next_pow2
+from gpustat._arrays import grid_size
 from gpustat._checks import check_int, check_real
 from gpustat.distributed._fm import (
     ShardedRows,
@@ -220,9 +220,7 @@ def init_fm_table(model: str, n_features: int, n_factors: int, tx, mesh: Mesh, *
 def _round_capacity(n: int, limit: int) -> int:
     """``n`` rounded up to a grid of 32 steps per octave (few distinct compiles), at most
     ``limit`` and at least 1."""
-    n = max(int(n), 1)
-    step = max(next_pow2(n) // 64, 1)
-    return min(-(-n // step) * step, limit)
+    return min(grid_size(n, 32), limit)
 
 
 def _capacity_limit(data: ShardedRows, batch_size: int, n_rows: int, n_devices: int) -> int:

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 import scipy.sparse as sp
 
-from gpustat._arrays import next_pow2
+from gpustat._arrays import grid_size, next_pow2
 from gpustat._backend import resolve_backend
 from gpustat.estimators._optim import RowwiseTransformation, ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 from gpustat.pallas.estimators import scatter_add_rows
@@ -99,8 +99,7 @@ def bucket(n: int, minimum: int) -> int:
     grid of 8 steps per octave (<= 12.5 % padding). Few sizes -> few compiles."""
     if n <= 1 << 16:
         return max(next_pow2(n), minimum)
-    step = next_pow2(n) // 16  # n lies in the octave (next_pow2(n) / 2, next_pow2(n)]
-    return -(-n // step) * step
+    return grid_size(n, 8)
 
 
 class HostRows(NamedTuple):
