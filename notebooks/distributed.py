@@ -113,3 +113,55 @@ types = len({(int(n_a), int(k_a)) for n_a, k_a in sizes})
 print(f"atoms {batch.num_atoms} of {types} types; slots per device {slots}; dummy atoms "
       f"{slots * mesh.size - batch.num_atoms} (at most {types * (mesh.size - 1)})")
 print("max |delta_t difference|", float(jnp.max(jnp.abs(solution.delta_t - reference.delta_t))))
+
+# %% [markdown]
+# ## FFM training with the table split over the devices
+#
+# `train_epoch_model_parallel` keeps each feature row of `w` and `V` (and its
+# optimizer state) on one device only, so a table larger than one device's memory
+# trains on several. Each step, every device asks the owners for the rows its share
+# of the batch touches (at most `capacity` of an owner, planned from the epoch), scores
+# its rows on them and sends the row gradients back; each owner steps a row once.
+# Where a batch may touch every row of an owner (a small table), the devices
+# exchange whole shards instead. Both give the single-device epoch over
+# `global_order`, up to the order of floating-point sums.
+
+# %%
+import scipy.sparse as sp
+
+from gpustat.estimators import _train as fm_train
+from gpustat.estimators import lazy_adagrad
+
+n_fields, k, rows = 8, 4, (512 if SMALL else 65_536)
+tx = lazy_adagrad(0.05)
+for p in (64, 1 << 16):                           # a small table, a hashed vocabulary
+    hashed = rng.integers(0, p // n_fields, (rows, n_fields)) * n_fields + np.arange(n_fields)
+    X_ctr = sp.csr_matrix((np.ones(rows * n_fields), np.sort(hashed, axis=1).ravel(),
+                           np.arange(rows + 1) * n_fields), shape=(rows, p))
+    X_ctr.sum_duplicates()
+    y_ctr = rng.integers(0, 2, rows).astype(float)[:, None]
+    field_of = np.arange(p) % n_fields
+    cfg = fm_train.TrainConfig("ffm", "logistic", p, n_fields, 64 * mesh.size, tx, True,
+                               1e-5, 1e-5, fm_train.scatter_backend("auto"))
+    data = distributed.shard_training_rows(X_ctr, field_of, y_ctr, np.ones(rows), np.float64,
+                                           mesh)
+    orders = [rng.permutation(data.block_rows(g).size) for g in range(mesh.size)]
+    start = {"w0": jnp.zeros(1), "w": jnp.zeros((p, 1)),
+             "V": jnp.asarray(rng.uniform(0, 0.05, (p, 1, n_fields, k)))}
+    table, state = distributed.shard_fm_table(start, tx.init(start), mesh)
+    capacity = distributed.plan_capacity(data, orders, cfg.batch_size, table["w"].shape[0],
+                                         mesh)
+    table, state, loss = distributed.train_epoch_model_parallel(cfg, table, state, data,
+                                                                orders, mesh)
+    one_device = fm_train.train_epoch(
+        cfg, start, tx.init(start),
+        fm_train.to_device_rows(X_ctr, field_of, y_ctr, np.ones(rows), np.float64),
+        distributed.global_order(data, orders, cfg.batch_size))
+    shard = table["V"].addressable_shards[0].data
+    per_owner = table["w"].shape[0] // mesh.size
+    exchange = "whole shards" if capacity >= per_owner else "requested rows"
+    print(f"p = {p}: V {table['V'].shape} as {mesh.size} shards of {shard.shape} "
+          f"({shard.nbytes / 2**20:.1f} MiB each); capacity {capacity} of {per_owner} rows "
+          f"an owner ({exchange}); loss {float(loss):.6f} "
+          f"(one device {float(one_device[2]):.6f}); max |V difference| "
+          f"{float(jnp.max(jnp.abs(table['V'][:p] - one_device[0]['V']))):.1e}")
