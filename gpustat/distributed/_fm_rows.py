@@ -27,7 +27,10 @@ rows, :func:`~gpustat.estimators._train.touched_rows`):
   its first request, with every requester's contribution added there
   (:func:`merge_requests`); the other requests of that row are dropped. A device with
   more than ``capacity`` rows for one owner raises the step's overflow flag (the
-  driver raises; nothing is dropped silently).
+  driver raises; nothing is dropped silently). Where ``capacity`` reaches an owner's
+  rows (every row may be asked), no ids travel: the shards are all-gathered, each
+  device scores its rows on the whole table, and the row gradients are summed onto
+  their owners by one ``psum_scatter``.
 
 The bias ``w0`` and FwFM's ``r`` stay replicated: their gradients, the touched mask
 of ``r`` and the loss are summed by one packed ``psum``.
