@@ -285,12 +285,10 @@ def kernel_em_step(precision, density_cfg, stats_cfg, centred=False):
     return jax.jit(step)
 
 
-def triton_em_step():
-    """One EM iteration through the Triton E-step at precision "f16x3"."""
-    from gpustat.triton import mixture as triton_mixture
-
+def _stats_em_step(suff_stats):
+    """One EM iteration at precision "f16x3" through the E-step ``suff_stats(X, params)``."""
     def step(X, params):
-        stats = triton_mixture.suff_stats(X, params)
+        stats = suff_stats(X, params)
         return m_step(stats, reg_covar=1e-6), stats.loglik
 
     return jax.jit(step)
@@ -301,19 +299,27 @@ def triton_runs() -> bool:
     return not INTERPRET and "triton" in available_backends()
 
 
-def bench_triton_em(rec, X, params, xla_t, want):
-    """The Triton E-step's EM iteration ("f16x3") against the same run's XLA baseline (its
-    log-likelihood error: :func:`check_precision_vs_float64`)."""
+def _time_em_iteration(rec, backend, step, X, params, xla_t, want):
+    """An "f16x3" EM iteration ``step`` checked against the float64 log-likelihood
+    ``want``, timed, and recorded against the same run's XLA baseline ``xla_t``."""
     n, p = X.shape
-    step = triton_em_step()
-    check_close("loglik f16x3", step(X, params)[1], want, rtol=1e-4)
+    check_close(f"loglik f16x3 {backend}", step(X, params)[1], want, rtol=1e-4)
     t = time_fn(step, [(X, params)])
-    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="triton", timing=t,
+    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend=backend, timing=t,
                items=n, item_name="rows", baseline="xla_quadratic_gemm",
                extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
                       "flop": 2 * n * K * 2 * n_features(p)})
-    print(f"em_iteration f16x3 (triton): {t.median_ms:.2f} ms "
+    print(f"em_iteration f16x3 ({backend}): {t.median_ms:.2f} ms "
           f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+
+
+def bench_triton_em(rec, X, params, xla_t, want):
+    """The Triton E-step's EM iteration ("f16x3") against the same run's XLA baseline (its
+    log-likelihood error: :func:`check_precision_vs_float64`)."""
+    from gpustat.triton import mixture as triton_mixture
+
+    _time_em_iteration(rec, "triton", _stats_em_step(triton_mixture.suff_stats), X, params,
+                       xla_t, want)
 
 
 def mosaic_runs() -> bool:
@@ -335,19 +341,8 @@ def bench_mosaic_em(rec, X, params, xla_t, want):
         check_close(f"{name} f16x3 mosaic", getattr(stats, name), exp, rtol=1e-4,
                     atol=1e-4 * float(jnp.max(jnp.abs(exp))))
 
-    def step(X, params):
-        stats = mosaic_mixture.suff_stats(X, params)
-        return m_step(stats, reg_covar=1e-6), stats.loglik
-
-    step = jax.jit(step)
-    check_close("loglik f16x3 mosaic", step(X, params)[1], want, rtol=1e-4)
-    t = time_fn(step, [(X, params)])
-    rec.record("em_iteration", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,
-               items=n, item_name="rows", baseline="xla_quadratic_gemm",
-               extra={"precision": "f16x3", "speedup_vs_xla": xla_t.median_ms / t.median_ms,
-                      "flop": 2 * n * K * 2 * n_features(p)})
-    print(f"em_iteration f16x3 (mosaic): {t.median_ms:.2f} ms "
-          f"({xla_t.median_ms / t.median_ms:.2f}x XLA)", flush=True)
+    _time_em_iteration(rec, "mosaic", _stats_em_step(mosaic_mixture.suff_stats), X, params,
+                       xla_t, want)
     density = jax.jit(mosaic_mixture.log_prob)
     t = time_fn(density, [(X, params)])
     rec.record("density_pass", shape=(n, p, K), dtype="float32", backend="mosaic", timing=t,

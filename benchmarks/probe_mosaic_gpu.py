@@ -18,6 +18,7 @@ what the Mosaic GPU lowering rejects shows up there; ptxas does not run).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -338,10 +339,11 @@ def _per_sm_rows(cfg, cols: int, block_rows: int):
     return num_sms, per_sm, x
 
 
-@probe("emit_pipeline_copy_f32")
-def _emit_pipeline_copy(cfg):
-    """plgpu.kernel over the SMs, each streaming its rows through emit_pipeline (TMA)."""
-    cols, block_rows, mcs = 128, 32, 4
+def _per_sm_pipelined_copy(cfg, emit, **kernel_kw):
+    """out = 2 x: ``plgpu.kernel`` over the SMs, each streaming its rows in (32, 128)
+    float32 tiles 4 deep through the pipeline ``emit`` (``plgpu.emit_pipeline`` or a
+    configured ``emit_pipeline_warp_specialized``)."""
+    cols, block_rows = 128, 32
     num_sms, per_sm, x = _per_sm_rows(cfg, cols, block_rows)
 
     def body(x_gmem, o_gmem):
@@ -350,42 +352,31 @@ def _emit_pipeline_copy(cfg):
         def step(_, x_s, o_s):
             o_s[...] = x_s[...] * 2.0
 
-        plgpu.emit_pipeline(
+        emit(
             step, grid=(per_sm // block_rows,),
             in_specs=[plgpu.BlockSpec((block_rows, cols), lambda j: (j, 0))],
             out_specs=[plgpu.BlockSpec((block_rows, cols), lambda j: (j, 0))],
-            max_concurrent_steps=mcs,
+            max_concurrent_steps=4,
         )(x_gmem.at[pl.ds(sm * per_sm, per_sm)], o_gmem.at[pl.ds(sm * per_sm, per_sm)])
 
     kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          grid=(num_sms,), grid_names=("sm",))
+                          grid=(num_sms,), grid_names=("sm",), **kernel_kw)
     return _measure(kernel, lambda v: v * 2.0, (x,), nbytes=2 * x.size * 4, tol=0.0)
+
+
+@probe("emit_pipeline_copy_f32")
+def _emit_pipeline_copy(cfg):
+    """Each SM streams its rows through emit_pipeline (TMA)."""
+    return _per_sm_pipelined_copy(cfg, plgpu.emit_pipeline)
 
 
 @probe("emit_pipeline_ws_copy_f32")
 def _emit_pipeline_ws_copy(cfg):
     """Warp specialisation: one memory warpgroup issues the TMA copies, one computes
-    ((32, 128) float32 tiles 4 deep: 128 KB of shared memory)."""
-    cols, block_rows, mcs = 128, 32, 4
-    num_sms, per_sm, x = _per_sm_rows(cfg, cols, block_rows)
-
-    def body(x_gmem, o_gmem):
-        sm = jax.lax.axis_index("sm")
-
-        def step(_, x_s, o_s):
-            o_s[...] = x_s[...] * 2.0
-
-        plgpu.emit_pipeline_warp_specialized(
-            step, grid=(per_sm // block_rows,), memory_registers=40,
-            in_specs=[plgpu.BlockSpec((block_rows, cols), lambda j: (j, 0))],
-            out_specs=[plgpu.BlockSpec((block_rows, cols), lambda j: (j, 0))],
-            max_concurrent_steps=mcs, wg_axis="wg", num_compute_wgs=1,
-        )(x_gmem.at[pl.ds(sm * per_sm, per_sm)], o_gmem.at[pl.ds(sm * per_sm, per_sm)])
-
-    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          grid=(num_sms,), grid_names=("sm",), num_threads=2,
-                          thread_name="wg")
-    return _measure(kernel, lambda v: v * 2.0, (x,), nbytes=2 * x.size * 4, tol=0.0)
+    (128 KB of shared memory)."""
+    emit = functools.partial(plgpu.emit_pipeline_warp_specialized, memory_registers=40,
+                             wg_axis="wg", num_compute_wgs=1)
+    return _per_sm_pipelined_copy(cfg, emit, num_threads=2, thread_name="wg")
 
 
 def _gather_probe(mode: str, table_size: int, where: str = "smem"):
