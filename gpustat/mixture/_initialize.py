@@ -322,11 +322,7 @@ def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, cov
 
 _INIT_STATIC = ("n_components", "covariance_type", "reg_covar", "method", "n_init",
                 "kmeans_max_iter")
-# the initialisation runs once a fit: its matmuls go to cuBLAS rather than to Triton
-# GEMMs, whose autotuning compiles candidate kernels for each new shape (seconds)
-_CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
-initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
-                          compiler_options=_CUBLAS_GEMMS)
+initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC)
 # the same program compiled without LLVM's optimisation passes (small data on a CPU)
 initialize_rows_quick = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
                                 compiler_options=QUICK_COMPILE)
