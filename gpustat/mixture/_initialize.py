@@ -228,9 +228,25 @@ def _one_point_components(X, indices, covariance_type: str, reg_covar):
                                           covariances, covariance_type)
 
 
+def _kmeans_params(X, w, centres, present, covariance_type, reg_covar, diagonal):
+    """Parameters from the hard labels of the rows' nearest ``centres`` (k-means' end)."""
+    return m_step(_label_stats(X, w, centres, present), covariance_type=covariance_type,
+                  reg_covar=reg_covar, pivot=centres, diagonal=diagonal)
+
+
+def _present(n_components: int, active):
+    return jnp.arange(n_components) < active
+
+
+def _only_present(init: MixtureParams, present) -> MixtureParams:
+    """Components not ``present`` are absent: weight 0 (EM keeps it 0)."""
+    weights = jnp.where(present, init.weights, 0)
+    return dataclasses.replace(init, weights=weights / jnp.sum(weights))
+
+
 def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
                     kmeans_max_iter, kmeans_tol, active, diagonal):
-    present = jnp.arange(n_components) < active
+    present = _present(n_components, active)
     if method == "k-means++":
         seeds = _seed_rows(key, X, w, n_components, active)
         init = _one_point_components(X, seeds, covariance_type, reg_covar)
@@ -241,16 +257,13 @@ def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
     elif method == "kmeans":
         seeds = X[_seed_rows(key, X, w, n_components, active)]
         centres = _lloyd(X, w, seeds, kmeans_max_iter, kmeans_tol, present)
-        init = m_step(_label_stats(X, w, centres, present), covariance_type=covariance_type,
-                      reg_covar=reg_covar, pivot=centres, diagonal=diagonal)
+        init = _kmeans_params(X, w, centres, present, covariance_type, reg_covar, diagonal)
     else:
         resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype) * present
         stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True), w)
         init = m_step(stats, covariance_type=covariance_type, reg_covar=reg_covar,
                       diagonal=diagonal)
-    # components past ``active`` are absent: weight 0 (EM keeps it 0)
-    weights = jnp.where(present, init.weights, 0)
-    return dataclasses.replace(init, weights=weights / jnp.sum(weights))
+    return _only_present(init, present)
 
 
 def initialize(key, X, n_components: int, *, covariance_type: str = "full",
@@ -297,6 +310,20 @@ def initialize(key, X, n_components: int, *, covariance_type: str = "full",
                            kmeans_max_iter=check_int(kmeans_max_iter, "kmeans_max_iter", 0))
 
 
+def _per_restart(fn, n_init: int, *batched):
+    """``fn`` over the leading (n_init,) axis of ``batched``; stacked results."""
+    if n_init == 1:  # unbatched: vmap's batching of the loops would trace them again
+        return jax.tree.map(lambda a: a[None], fn(*(a[0] for a in batched)))
+    return jax.vmap(fn)(*batched)
+
+
+def _centring(X, w):
+    """The rows' weighted mean (the shift the initialisation works about) and k-means'
+    tolerance on the centred rows."""
+    shift = jnp.matmul(w, X, precision=_EXACT) / jnp.sum(w)
+    return shift, _lloyd_tol(X - shift, w)
+
+
 def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
                      reg_covar, method, n_init, kmeans_max_iter=100):
     """:func:`initialize` on validated rows X (n, p) with row weights w (n,) (zero for rows
@@ -306,23 +333,79 @@ def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, cov
     bool () with covariance_type "full": where true, the diag model's start in dense form
     (:func:`m_step`'s ``diagonal``)."""
     active = n_components if active is None else active
-    total = jnp.sum(w)
-    shift = jnp.matmul(w, X, precision=_EXACT) / total
+    shift, tol = _centring(X, w)
+    init = _per_restart(
+        lambda k: _initialize_one(k, X - shift, w, n_components, covariance_type, reg_covar,
+                                  method, kmeans_max_iter, tol, active, diagonal),
+        n_init, jax.random.split(key, n_init))
+    return dataclasses.replace(init, means=init.means + shift)
+
+
+def _kmeans_seeds(key, X, w, n_components, active, *, n_init):
+    """k-means' first stage: the centring shift, the tolerance and each restart's
+    k-means++ seeds (n_init, m, p) about the shift."""
+    shift, tol = _centring(X, w)
     Xc = X - shift
-    tol = _lloyd_tol(Xc, w)
-    keys = jax.random.split(key, n_init)
-    one = lambda k: _initialize_one(k, Xc, w, n_components, covariance_type,  # noqa: E731
-                                    reg_covar, method, kmeans_max_iter, tol, active, diagonal)
-    if n_init == 1:  # unbatched: vmap's batching of the loops would trace them again
-        init = jax.tree.map(lambda a: a[None], one(keys[0]))
-    else:
-        init = jax.vmap(one)(keys)
+    seeds = _per_restart(lambda k: Xc[_seed_rows(k, Xc, w, n_components, active)], n_init,
+                         jax.random.split(key, n_init))
+    return shift, tol, seeds
+
+
+def _kmeans_centres(X, w, shift, seeds, tol, active, *, kmeans_max_iter):
+    """k-means' second stage: Lloyd iterations from each restart's seeds."""
+    present = _present(seeds.shape[1], active)
+    return _per_restart(lambda s: _lloyd(X - shift, w, s, kmeans_max_iter, tol, present),
+                        seeds.shape[0], seeds)
+
+
+def _kmeans_final(X, w, shift, centres, active, diagonal, *, covariance_type, reg_covar):
+    """k-means' last stage: each restart's parameters from its centres' hard labels."""
+    present = _present(centres.shape[1], active)
+    init = _per_restart(
+        lambda c: _only_present(_kmeans_params(X - shift, w, c, present, covariance_type,
+                                               reg_covar, diagonal), present),
+        centres.shape[0], centres)
     return dataclasses.replace(init, means=init.means + shift)
 
 
 _INIT_STATIC = ("n_components", "covariance_type", "reg_covar", "method", "n_init",
                 "kmeans_max_iter")
-initialize_rows = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC)
+# Programs that run once a fit are compiled without XLA's GEMM autotuning, which compiles
+# candidate kernels for each new matmul (on an H200: 5.5-6.5 s for the k-means label
+# statistics, against 3-19 ms more run time untuned). The Lloyd loop, run up to
+# kmeans_max_iter times, keeps it (2.2x slower untuned).
+_UNTUNED = {"xla_gpu_autotune_level": 0}
+_initialize_untuned = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
+                              compiler_options=_UNTUNED)
+_kmeans_seeds_jit = jax.jit(_kmeans_seeds, static_argnames=("n_components", "n_init"),
+                            compiler_options=_UNTUNED)
+_kmeans_centres_jit = jax.jit(_kmeans_centres, static_argnames="kmeans_max_iter")
+_kmeans_final_jit = jax.jit(_kmeans_final, static_argnames=("covariance_type", "reg_covar"),
+                            compiler_options=_UNTUNED)
+
+
+def initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
+                    reg_covar, method, n_init, kmeans_max_iter=100):
+    """:func:`_initialize_rows` as compiled programs: ``"kmeans"`` in three (seeds, the
+    Lloyd loop, the final statistics), so that only the loop pays for tuned matmuls; the
+    other methods in one. Inside a caller's trace it is traced into the caller's program."""
+    if any(isinstance(a, jax.core.Tracer) for a in (key, X, w, active, diagonal)):
+        return _initialize_rows(key, X, w, n_components, active, diagonal,
+                                covariance_type=covariance_type, reg_covar=reg_covar,
+                                method=method, n_init=n_init, kmeans_max_iter=kmeans_max_iter)
+    if method != "kmeans":
+        return _initialize_untuned(key, X, w, n_components, active, diagonal,
+                                   covariance_type=covariance_type, reg_covar=reg_covar,
+                                   method=method, n_init=n_init,
+                                   kmeans_max_iter=kmeans_max_iter)
+    active = n_components if active is None else active
+    shift, tol, seeds = _kmeans_seeds_jit(key, X, w, n_components, active, n_init=n_init)
+    centres = _kmeans_centres_jit(X, w, shift, seeds, tol, active,
+                                  kmeans_max_iter=kmeans_max_iter)
+    return _kmeans_final_jit(X, w, shift, centres, active, diagonal,
+                             covariance_type=covariance_type, reg_covar=reg_covar)
+
+
 # the same program compiled without LLVM's optimisation passes (small data on a CPU)
 initialize_rows_quick = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
                                 compiler_options=QUICK_COMPILE)
