@@ -89,19 +89,25 @@ class KernelTests:
         self.backend = request.param
 
 
-def count_compiles(fn) -> int:
-    """How many XLA compilations ``fn()`` triggers (JAX's monitoring events)."""
+def compiled_programs(fn) -> list[str]:
+    """The names (``jit(<function>)``) of the XLA compilations ``fn()`` triggers, in
+    order (JAX's monitoring events)."""
     from jax._src import monitoring
 
     seen = []
 
     def listen(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(event)
+            seen.append(kwargs.get("fun_name", "?"))
 
     monitoring.register_event_duration_secs_listener(listen)
     try:
         fn()
     finally:
         monitoring.unregister_event_duration_listener(listen)
-    return len(seen)
+    return seen
+
+
+def count_compiles(fn) -> int:
+    """How many XLA compilations ``fn()`` triggers."""
+    return len(compiled_programs(fn))

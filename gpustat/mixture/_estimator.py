@@ -14,6 +14,7 @@ scikit-learn converts it; a narrower X given to a fitted estimator (``predict``,
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -28,6 +29,7 @@ from sklearn.utils.validation import _check_feature_names, check_array, check_is
 
 from gpustat._arrays import next_pow2, row_bucket
 from gpustat._checks import is_int
+from gpustat._compile_ahead import CompileAhead, run_program
 from gpustat.mixture._em import (
     STATUS_OK,
     fit_em_rows_jit,
@@ -114,6 +116,10 @@ def _first_components(params: MixtureParams, k: int) -> MixtureParams:
                          params.covariances if tied else cut(params.covariances),
                          params.precisions_cholesky if tied else cut(params.precisions_cholesky),
                          params.covariance_type)
+
+
+def _as_dtype(params: MixtureParams, dtype) -> MixtureParams:
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
 
 
 def _in_form(params: MixtureParams, kind: str) -> MixtureParams:
@@ -353,7 +359,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     # ------------------------------------------------------------------ fitting
 
     def _initial_params(self, X, w, key, n_init: int, n_slots: int | None = None,
-                        quick: bool = False, kind: str | None = None) -> MixtureParams:
+                        quick: bool = False, kind: str | None = None,
+                        run=run_program) -> MixtureParams:
         """Initial parameters (leading (n_init,) axis) from the rows X with weights w;
         with ``n_slots`` > m (no user inits) the components m..n_slots-1 are absent
         (weight 0), so that every m up to n_slots runs one program. ``kind``: the
@@ -366,7 +373,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             user = MixtureParams.from_precisions(weights, means, precisions,
                                                  self.covariance_type)
             return jax.tree.map(batch, user)
-        program = initialize_rows_quick if quick else initialize_rows
+        program = initialize_rows_quick if quick else functools.partial(initialize_rows,
+                                                                        run=run)
         kind = kind or self.covariance_type
         init = program(key, X, w, n_slots or int(self.n_components),
                        np.asarray(int(self.n_components), np.int32),
@@ -392,13 +400,16 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return "full" if path == "reference" and self.covariance_type == "diag" else (
             self.covariance_type)
 
+    def _has_user_inits(self) -> bool:
+        return any(v is not None for v in (self.weights_init, self.means_init,
+                                           self.precisions_init))
+
     def _slots(self, path: str, n_rows: int) -> int | None:
         """Components to fit with on the reference path (CPU, where compilation dominates
         small fits): m padded up to 4, 8, or a size of :func:`row_bucket`, at most the
         rows (padded), with no user inits; None elsewhere (the kernels fit m)."""
         k = int(self.n_components)
-        if path != "reference" or any(v is not None for v in (
-                self.weights_init, self.means_init, self.precisions_init)):
+        if path != "reference" or self._has_user_inits():
             return None
         return min(max(4, next_pow2(k)) if k <= 8 else row_bucket(k), n_rows)
 
@@ -461,21 +472,31 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                  and X.shape[0] * X.shape[1] ** 2 * (slots or int(self.n_components))
                  <= _QUICK_COMPILE_SIZE)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
-        if do_init:
-            init = self._initial_params(X, w, self._key(), int(self.n_init), slots, quick,
-                                        kind)
-            start_bound = -math.inf
-        else:
-            init, start_bound = self._slot_params, self.lower_bound_
-        init = jax.tree.map(lambda a: jnp.asarray(a, X.dtype), _in_form(init, kind))
-        # the settings were checked by _check_settings, the inits by _user_inits
-        result = (fit_em_rows_quick_jit if quick else fit_em_rows_jit)(
-            X, w, init, np.asarray(start_bound, X.dtype),
-            np.asarray(self.covariance_type == "diag") if kind == "full" else None,
-            tol=float(self.tol),
-            max_iter=int(self.max_iter), reg_covar=float(self.reg_covar), weight_prior=None,
-            component_prior=None, precision=self.precision, path=path,
-            report_every=int(self.verbose_interval) if self.verbose else 0)
+        key = self._key() if do_init else None
+
+        def fit_programs(run):
+            if do_init:
+                init = self._initial_params(X, w, key, int(self.n_init), slots, quick, kind,
+                                            run)
+                start_bound = -math.inf
+            else:
+                init, start_bound = self._slot_params, self.lower_bound_
+            init = run(_as_dtype, _in_form(init, kind), dtype=X.dtype)
+            # the settings were checked by _check_settings, the inits by _user_inits
+            return run(
+                fit_em_rows_quick_jit if quick else fit_em_rows_jit,
+                X, w, init, np.asarray(start_bound, X.dtype),
+                np.asarray(self.covariance_type == "diag") if kind == "full" else None,
+                tol=float(self.tol), max_iter=int(self.max_iter),
+                reg_covar=float(self.reg_covar), weight_prior=None, component_prior=None,
+                precision=self.precision, path=path,
+                report_every=int(self.verbose_interval) if self.verbose else 0)
+
+        if do_init and not quick and not self._has_user_inits():
+            # the initialisation's programs and EM's compile side by side, not in turn
+            with CompileAhead() as ahead:
+                fit_programs(ahead)
+        result = fit_programs(run_program)
         fitted = _in_form(result.params, self.covariance_type)
         if int(result.status) != STATUS_OK:
             raise ValueError(_collapse_message(X[:n], fitted, self.reg_covar,

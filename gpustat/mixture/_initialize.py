@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from gpustat._arrays import over_row_chunks, row_weights
 from gpustat._checks import check_int, check_real
+from gpustat._compile_ahead import run_program
 from gpustat.mixture._em import QUICK_COMPILE
 from gpustat.mixture._mstep import m_step
 from gpustat.mixture._validation import check_data, check_sample_weight
@@ -385,25 +386,28 @@ _kmeans_final_jit = jax.jit(_kmeans_final, static_argnames=("covariance_type", "
 
 
 def initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
-                    reg_covar, method, n_init, kmeans_max_iter=100):
+                    reg_covar, method, n_init, kmeans_max_iter=100, run=run_program):
     """:func:`_initialize_rows` as compiled programs: ``"kmeans"`` in three (seeds, the
     Lloyd loop, the final statistics), so that only the loop pays for tuned matmuls; the
-    other methods in one. Inside a caller's trace it is traced into the caller's program."""
+    other methods in one. Inside a caller's trace it is traced into the caller's program.
+    ``run``: the runner of the programs (:mod:`gpustat._compile_ahead`; it passes
+    keyword arguments through unchanged: static ones go by keyword)."""
     if any(isinstance(a, jax.core.Tracer) for a in (key, X, w, active, diagonal)):
         return _initialize_rows(key, X, w, n_components, active, diagonal,
                                 covariance_type=covariance_type, reg_covar=reg_covar,
                                 method=method, n_init=n_init, kmeans_max_iter=kmeans_max_iter)
     if method != "kmeans":
-        return _initialize_untuned(key, X, w, n_components, active, diagonal,
-                                   covariance_type=covariance_type, reg_covar=reg_covar,
-                                   method=method, n_init=n_init,
-                                   kmeans_max_iter=kmeans_max_iter)
+        return run(_initialize_untuned, key, X, w, active=active, diagonal=diagonal,
+                   n_components=n_components, covariance_type=covariance_type,
+                   reg_covar=reg_covar, method=method, n_init=n_init,
+                   kmeans_max_iter=kmeans_max_iter)
     active = n_components if active is None else active
-    shift, tol, seeds = _kmeans_seeds_jit(key, X, w, n_components, active, n_init=n_init)
-    centres = _kmeans_centres_jit(X, w, shift, seeds, tol, active,
-                                  kmeans_max_iter=kmeans_max_iter)
-    return _kmeans_final_jit(X, w, shift, centres, active, diagonal,
-                             covariance_type=covariance_type, reg_covar=reg_covar)
+    shift, tol, seeds = run(_kmeans_seeds_jit, key, X, w, active=active,
+                            n_components=n_components, n_init=n_init)
+    centres = run(_kmeans_centres_jit, X, w, shift, seeds, tol, active,
+                  kmeans_max_iter=kmeans_max_iter)
+    return run(_kmeans_final_jit, X, w, shift, centres, active, diagonal,
+               covariance_type=covariance_type, reg_covar=reg_covar)
 
 
 # the same program compiled without LLVM's optimisation passes (small data on a CPU)

@@ -1,0 +1,63 @@
+"""Compile a chain of jitted programs concurrently before running it.
+
+A fit that runs several programs one after another (an initialisation, then a loop)
+pays their compilations one after another on its first call. Code written against a
+*runner* (``run(program, *args, **static)``) can be walked twice: once with
+:class:`CompileAhead`, which starts each program's compilation on a worker thread and
+hands back the program's abstract output (so the next program's arguments are known
+without running anything), then with :func:`run_program`, which runs the programs; by
+then every compilation is in JAX's cache.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+
+__all__ = ["CompileAhead", "run_program"]
+
+
+def run_program(program, *args, **kwargs):
+    """Run ``program`` (the runner that runs)."""
+    return program(*args, **kwargs)
+
+
+def _compile(program, args, kwargs):
+    program.lower(*args, **kwargs).compile()
+
+
+class CompileAhead:
+    """A runner that compiles instead of running: each ``runner(program, *args, **static)``
+    of a jitted program starts ``program.lower(...).compile()`` on a worker thread and
+    returns ``program.eval_shape(...)`` (arguments may be arrays or
+    ``jax.ShapeDtypeStruct``); a plain function only gives its ``jax.eval_shape``.
+    Leaving the ``with`` block waits for every compilation and raises the first error.
+
+    The compiled executables land in the cache that a later call of the same program with
+    arguments of the same shapes, dtypes and placement finds, so that call compiles
+    nothing.
+    """
+
+    def __init__(self, workers: int = 4):
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpustat-compile")
+        self._pending = []
+
+    def __call__(self, program, *args, **kwargs):
+        if not hasattr(program, "lower"):  # a plain function, not a jitted one
+            return jax.eval_shape(functools.partial(program, **kwargs), *args)
+        out = program.eval_shape(*args, **kwargs)  # traced here: the worker reuses the trace
+        self._pending.append(self._pool.submit(_compile, program, args, kwargs))
+        return out
+
+    def __enter__(self) -> CompileAhead:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:  # else the block's own error is the one to see
+                for future in self._pending:
+                    future.result()
+        finally:
+            self._pool.shutdown(cancel_futures=True)

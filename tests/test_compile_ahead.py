@@ -1,0 +1,69 @@
+"""Compiling a chain of programs ahead, side by side (gpustat._compile_ahead)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gpustat
+from gpustat._compile_ahead import CompileAhead, run_program
+from tests.helpers import compiled_programs
+
+
+@jax.jit
+def _scaled(x, y):
+    return x * 3.0 + y
+
+
+@functools.partial(jax.jit, static_argnames="power")
+def _powered_sum(z, *, power):
+    return jnp.sum(z**power, axis=0)
+
+
+def _chain(run, x, y):
+    z = run(_scaled, x, y)
+    z = run(lambda a: a[::-1], z)  # a plain function between the programs
+    return run(_powered_sum, z, power=3)
+
+
+def test_a_chain_compiled_ahead_runs_without_compiling():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(37, 5)), rng.normal(size=(5,))
+    with CompileAhead() as ahead:
+        shapes = _chain(ahead, jnp.asarray(x), jnp.asarray(y))
+    assert shapes.shape == (5,)
+    out = None
+
+    def run():
+        nonlocal out
+        out = _chain(run_program, jnp.asarray(x), jnp.asarray(y))
+
+    assert [name for name in compiled_programs(run) if "_powered_sum" in name or
+            "_scaled" in name] == []
+    np.testing.assert_allclose(np.asarray(out), np.sum((x * 3 + y)[::-1] ** 3, axis=0),
+                               rtol=1e-5)
+
+
+def test_an_error_in_the_chain_surfaces():
+    with pytest.raises(TypeError, match="power"), CompileAhead() as ahead:
+        ahead(_powered_sum, jnp.ones(3))  # the static argument is missing
+
+
+def test_a_large_fit_compiles_each_program_once():
+    """A GaussianMixture fit beyond the small-data size compiles its initialisation and
+    EM programs side by side before running them: each once, and a second fit none."""
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.normal(size=(8000, 16)), rng.normal(size=(8000, 16)) + 5.0])
+
+    def fit():
+        return gpustat.GaussianMixture(2, random_state=0, reg_covar=3e-6).fit(X)
+
+    names = [n for n in compiled_programs(fit) if "_kmeans" in n or "fit_em" in n]
+    assert sorted(names) == ["jit(_kmeans_centres)", "jit(_kmeans_final)",
+                             "jit(_kmeans_seeds)", "jit(fit_em_rows)"]
+    assert compiled_programs(fit) == []
+    sk = pytest.importorskip("sklearn.mixture").GaussianMixture(2, random_state=0).fit(X)
+    np.testing.assert_allclose(np.sort(fit().means_[:, 0]), np.sort(sk.means_[:, 0]),
+                               atol=1e-6)
