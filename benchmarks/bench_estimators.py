@@ -32,7 +32,6 @@ from sklearn.metrics import roc_auc_score
 
 from benchmarks.harness import Recorder, Timing, check_close, main_from_args, time_fn
 from gpustat import estimators
-from gpustat.estimators import _classes as estimators_classes
 from gpustat.estimators import _train as fm_train
 from gpustat.estimators._data import make_ctr
 
@@ -50,7 +49,7 @@ def _epoch_program(est, X, y, fields, backend, dtype=np.float32, n_fields=N_FIEL
     """(run, args): one epoch of ``est``'s training on device-resident data, as ``fit`` runs it."""
     est = est.set_params(backend=backend)
     backend = est._check_params()
-    X = estimators_classes._canonical_csr(X)
+    X = est._prepared_X(X)[0]
     est.classes_ = np.unique(y)
     params = est._to_internal(est._init_public(np.random.default_rng(0), X.shape[1], n_fields))
     tx, lazy, (l2_linear, l2_factors) = est._optimizer()

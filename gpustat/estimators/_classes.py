@@ -82,26 +82,43 @@ def _label_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if y.size and (y.dtype.kind == "i" or (y.dtype.kind == "u" and y.dtype.itemsize < 8)):
         lo, hi = int(y.min()), int(y.max())
         if hi - lo <= 4 * y.size + 1024:
-            offset = y.astype(np.int64) - lo  # in [0, hi - lo]: exact in int64
+            offset = y.astype(np.int64, copy=False) - lo if lo else y.astype(np.int64, copy=False)
             present = np.bincount(offset, minlength=hi - lo + 1) > 0
-            code_of = np.cumsum(present) - 1
             labels = (np.flatnonzero(present) + lo).astype(y.dtype)
-            return labels, code_of[offset]
+            if present.all():  # the codes are the offsets
+                return labels, offset
+            return labels, (np.cumsum(present) - 1)[offset]
     check_classification_targets(y)
     labels, codes = np.unique(y, return_inverse=True)  # one sort: labels and codes
     return labels, codes.reshape(-1)
 
 
-def _canonical_csr(X) -> sp.csr_matrix:
-    """``X`` as canonical float64 CSR: duplicates summed, explicit zeros dropped, indices
-    sorted. A canonical input is shared (read only, never written); any other is copied."""
-    X = sp.csr_matrix(X, dtype=np.float64)  # shares the arrays of a float64 CSR input
-    if X.has_canonical_format and np.count_nonzero(X.data) == X.nnz:
-        return X
+def _value_range(values: np.ndarray, name: str) -> tuple[float, float] | None:
+    """(min, max) of float64 ``values`` (None when there are none), in two passes; NaN or
+    infinity raise scikit-learn's messages (the range serves every later check)."""
+    if not values.size:
+        return None
+    lo, hi = float(values.min()), float(values.max())  # a NaN anywhere gives NaN
+    if np.isnan(lo) or np.isnan(hi):
+        raise ValueError(f"Input {name} contains NaN.")
+    if np.isinf(lo) or np.isinf(hi):
+        raise ValueError(f"Input {name} contains infinity or a value too large for "
+                         f"dtype('float64').")
+    return lo, hi
+
+
+def _canonical_csr(X, value_range) -> tuple[sp.csr_matrix, tuple[float, float] | None]:
+    """Float64 CSR ``X`` with stored values in ``value_range`` (:func:`_value_range`) as
+    canonical CSR (duplicates summed, explicit zeros dropped, indices sorted), and its
+    values' range. A canonical input is shared (read only, never written); any other is
+    copied."""
+    may_hold_zeros = value_range is not None and value_range[0] <= 0 <= value_range[1]
+    if X.has_canonical_format and not (may_hold_zeros and np.count_nonzero(X.data) < X.nnz):
+        return X, value_range
     X = X.copy()
     X.sum_duplicates()  # sorts the indices too
     X.eliminate_zeros()
-    return X
+    return X, _value_range(X.data, "X")
 
 
 class _FactorizationMachine(BaseEstimator):
@@ -156,28 +173,49 @@ class _FactorizationMachine(BaseEstimator):
         return fm_train.scatter_backend(self.backend)
 
     def _validate_X(self, X, *, reset: bool) -> sp.csr_matrix:
+        return self._prepared_X(self._checked_X(X, reset=reset))[0]
+
+    def _checked_X(self, X, *, reset: bool):
+        """scikit-learn's validation of X (shape, type, feature names), its values' check
+        left to :meth:`_prepared_X`."""
         if sp.issparse(X) and X.dtype.kind in "biu":
             # widened first: converting to CSR sums duplicates in X's dtype (int8 wraps)
             X = X.astype(np.float64)
-        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=reset)
-        return self._prepared_X(X)
+        return validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=reset,
+                             ensure_all_finite=False)
 
-    def _prepared_X(self, X) -> sp.csr_matrix:
-        X = _canonical_csr(X)
-        self._check_representable(X.data, "X")
-        return X
+    def _scanned_X(self, X) -> tuple[sp.csr_matrix, tuple[float, float] | None]:
+        """``X`` as float64 CSR and the range of its stored values, checked: finite and held
+        by the training dtype."""
+        X = sp.csr_matrix(X, dtype=np.float64)  # shares the arrays of a float64 CSR input
+        value_range = _value_range(X.data, "X")
+        if value_range is not None:
+            self._check_representable(*value_range, "X")
+        return X, value_range
 
-    def _check_representable(self, values, name):
-        """Reject finite values the training dtype cannot hold (they would become inf).
+    def _prepared_X(self, X, value_range=None) -> tuple[sp.csr_matrix, bool]:
+        """Canonical float64 CSR ``X`` of finite values the training dtype holds, and
+        whether every stored value is 1 (one-hot rows). ``value_range``: given when ``X``
+        comes from :meth:`_scanned_X` (its range)."""
+        if value_range is None:
+            X, value_range = self._scanned_X(X)
+        X, canonical_range = _canonical_csr(X, value_range)
+        if canonical_range is not None and canonical_range != value_range:
+            self._check_representable(*canonical_range, "X")  # duplicates were summed
+        return X, canonical_range is None or canonical_range == (1.0, 1.0)
 
-        ``values`` are finite float64 (checked before): float64 training holds them all."""
+    def _check_representable(self, lo, hi, name):
+        """Reject finite values (in [lo, hi]) the training dtype cannot hold (they would
+        become inf); float64 training holds them all."""
         dtype = self._np_dtype()
-        if dtype == np.float64 or not np.size(values):
-            return
-        largest = max(-values.min(), values.max())  # two passes, no |values| temporary
-        if largest > np.finfo(dtype).max:
+        largest = max(-float(lo), float(hi))
+        if dtype != np.float64 and largest > float(np.finfo(dtype).max):
             raise ValueError(f"{name} has values up to {largest:.3g}, beyond the range of "
                              f"dtype={self.dtype!r}: use dtype='float64'")
+
+    def _check_representable_values(self, values, name):
+        if np.size(values):
+            self._check_representable(values.min(), values.max(), name)
 
     def _validate_fields(self, field_ids, n_features: int, *, first: bool) -> np.ndarray:
         if not first:
@@ -343,6 +381,9 @@ class _FactorizationMachine(BaseEstimator):
         ``whole_data`` (``fit``) also requires a positive weight and two classes
         with positive weight; ``partial_fit`` chunks may hold one class.
         """
+        if sample_weight is None and not (self._is_classifier and self.class_weight is not None):
+            # ones: finite, representable, and every class present in y has weight
+            return np.ones(X.shape[0])
         sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         if not np.all(np.isfinite(sw)):
             raise ValueError("sample_weight must be finite")
@@ -355,7 +396,7 @@ class _FactorizationMachine(BaseEstimator):
             else:
                 per_class = self._class_weight_dict()
             sw = sw * per_class[y_codes]
-        self._check_representable(sw, "sample_weight")
+        self._check_representable_values(sw, "sample_weight")
         if whole_data and self._is_classifier:
             alive = np.flatnonzero(np.bincount(y_codes, weights=sw > 0))
             if len(alive) < 2:
@@ -394,7 +435,7 @@ class _FactorizationMachine(BaseEstimator):
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
     def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
-               fields):
+               fields, ones=None):
         """Run an epoch per row order the iterator ``orders`` yields (drawn as needed).
 
         Without ``eval_data`` and ``verbose`` the rows go to the device in one
@@ -412,7 +453,8 @@ class _FactorizationMachine(BaseEstimator):
         cfg = fm_train.TrainConfig(self._model, self._loss(), params["w"].shape[0], n_fields,
                                    int(self.batch_size), tx, lazy, l2_linear, l2_factors, backend)
         dtype = self._np_dtype()
-        rows = fm_train.host_rows(X, fields, self._targets(y_codes, dtype), weights, dtype)
+        rows = fm_train.host_rows(X, fields, self._targets(y_codes, dtype), weights, dtype,
+                                  ones=ones)
         total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         if eval_data is None and not self.verbose:
             # a fresh state (opt_state None) starts inside the one program
@@ -467,7 +509,7 @@ class _FactorizationMachine(BaseEstimator):
             y = column_or_1d(y, warn=True).astype(np.float64)
             if not np.all(np.isfinite(y)):
                 raise ValueError("y contains NaN or infinity")
-            self._check_representable(y, "y")
+            self._check_representable_values(y, "y")
             return y
         y = column_or_1d(y, warn=True)
         labels, codes = _label_codes(y)  # the few distinct labels, then each row's
@@ -518,8 +560,9 @@ class _FactorizationMachine(BaseEstimator):
         backend = self._check_params()
         fitted_classes = getattr(self, "classes_", None)
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
-                             y_numeric=not self._is_classifier, reset=True)
-        X = self._prepared_X(X)
+                             y_numeric=not self._is_classifier, reset=True,
+                             ensure_all_finite=False)
+        X, value_range = self._scanned_X(X)  # made canonical once the epoch orders are drawn
         fields = self._validate_fields(field_ids, X.shape[1], first=True)
         y_codes = self._encode(y, first=True)
         weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
@@ -541,7 +584,7 @@ class _FactorizationMachine(BaseEstimator):
                 raise ValueError(f"validation_fraction={self.validation_fraction} leaves no "
                                  f"training rows out of {X.shape[0]}")
             val_idx, tr_idx = perm[:n_val], perm[n_val:]
-            eval_data = (X[val_idx], y_codes[val_idx])
+            eval_data = (self._prepared_X(X[val_idx])[0], y_codes[val_idx])
             X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
         resume = self.warm_start and hasattr(self, "w0_")
         if resume:
@@ -555,9 +598,10 @@ class _FactorizationMachine(BaseEstimator):
         # a few ahead by a worker thread while this one packs and sends the rows
         orders = prefetched((rng.permutation(n_rows) for _ in range(self.max_iter)),
                             min(self.max_iter, 4))
+        X, ones = self._prepared_X(X, value_range)
         params, opt_state, losses, val_scores = self._train(
             X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
-            eval_data=eval_data, backend=backend, fields=fields)
+            eval_data=eval_data, backend=backend, fields=fields, ones=ones)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)

@@ -121,14 +121,15 @@ class HostRows(NamedTuple):
 
 
 def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
-              weight: np.ndarray, dtype) -> HostRows:
+              weight: np.ndarray, dtype, ones: bool | None = None) -> HostRows:
     """Pad a canonical CSR matrix (no explicit zeros, no duplicates) for its transfer.
 
     Rows are padded to ``n_pad = bucket(n + 1, 256)`` (at least one padding row)
     and entries to ``bucket(nnz + 1, 256)``, the field table to ``bucket(p, 16)``
     (as the parameters; no row refers to the padding); the row layout is ``z``,
     the next power of two (>= 8) of the longest row. Values, targets and
-    weights are cast to ``dtype`` in the same copy.
+    weights are cast to ``dtype`` in the same copy. ``ones``: whether every stored value
+    is 1, when the caller knows (else found here).
     """
     n = X.shape[0]
     z = max(next_pow2(int(np.diff(X.indptr).max()) if n else 1), 8)
@@ -139,8 +140,10 @@ def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
     indptr[: n + 1] = X.indptr
     indices = np.zeros(nnz_pad, np.int32)
     indices[: X.nnz] = X.indices
+    if ones is None:
+        ones = not X.nnz or (X.data.min() == 1 and X.data.max() == 1)
     data = None
-    if X.nnz and not (X.data.min() == 1 and X.data.max() == 1):
+    if not ones:
         data = np.zeros(nnz_pad, dtype)
         data[: X.nnz] = X.data
     tgt = np.zeros((n_pad, target.shape[1]), dtype)
