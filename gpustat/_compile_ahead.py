@@ -24,13 +24,9 @@ def run_program(program, *args, **kwargs):
     return program(*args, **kwargs)
 
 
-def _compile(program, args, kwargs):
-    program.lower(*args, **kwargs).compile()
-
-
 class CompileAhead:
     """A runner that compiles instead of running: each ``runner(program, *args, **static)``
-    of a jitted program starts ``program.lower(...).compile()`` on a worker thread and
+    of a jitted program lowers it, starts XLA's compilation of it on a worker thread and
     returns ``program.eval_shape(...)`` (arguments may be arrays or
     ``jax.ShapeDtypeStruct``); a plain function only gives its ``jax.eval_shape``.
     Leaving the ``with`` block waits for every compilation and raises the first error.
@@ -47,8 +43,12 @@ class CompileAhead:
     def __call__(self, program, *args, **kwargs):
         if not hasattr(program, "lower"):  # a plain function, not a jitted one
             return jax.eval_shape(functools.partial(program, **kwargs), *args)
-        out = program.eval_shape(*args, **kwargs)  # traced here: the worker reuses the trace
-        self._pending.append(self._pool.submit(_compile, program, args, kwargs))
+        out = program.eval_shape(*args, **kwargs)
+        # traced and lowered in the calling thread, under its configuration (jax's
+        # thread-local settings, such as jax.enable_x64 blocks, key the compile cache);
+        # the worker runs XLA's compilation
+        lowered = program.lower(*args, **kwargs)
+        self._pending.append(self._pool.submit(lowered.compile))
         return out
 
     def __enter__(self) -> CompileAhead:

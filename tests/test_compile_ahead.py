@@ -46,6 +46,17 @@ def test_a_chain_compiled_ahead_runs_without_compiling():
                                rtol=1e-5)
 
 
+def test_the_callers_thread_local_settings_key_the_compilations():
+    """Compiled under the caller's settings (here a jax.enable_x64 block against the
+    global value), the chain runs in the same block without compiling."""
+    x, y = jnp.ones((11, 3), jnp.float32), jnp.ones(3, jnp.float32)
+    with jax.enable_x64(not jax.config.jax_enable_x64):
+        with CompileAhead() as ahead:
+            _chain(ahead, x, y)
+        names = compiled_programs(lambda: _chain(run_program, x, y))
+    assert [n for n in names if "_powered_sum" in n or "_scaled" in n] == []
+
+
 def test_an_error_in_the_chain_surfaces():
     with pytest.raises(TypeError, match="power"), CompileAhead() as ahead:
         ahead(_powered_sum, jnp.ones(3))  # the static argument is missing
