@@ -161,3 +161,22 @@ def test_streamed_file_trains_the_same_model_with_and_without_read_ahead(tmp_pat
     chunks = gpustat.iter_libffm(lines(), chunk_rows=48, field_ids=fields, prefetch=1)
     assert next(chunks)[0].shape == (48, X.shape[1])
     assert threading.current_thread() in threads and len(threads) == 2, threads
+
+
+def test_large_data_runs_an_epoch_per_call_with_the_same_result(monkeypatch):
+    """From ``_EPOCH_PER_CALL_ROWS`` rows each call runs one epoch (the device starts
+    while the host draws the next orders): the same parameters and losses as one call."""
+    from gpustat.estimators import _train as fm_train
+
+    X, y, fields = _ctr()
+    kw = dict(n_factors=3, max_iter=3, batch_size=64, random_state=0, dtype="float64",
+              optimizer="adam")
+    whole = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+    calls = []
+    monkeypatch.setattr(fm_train, "_EPOCH_PER_CALL_ROWS", 1)
+    monkeypatch.setattr(fm_train, "_epoch_plan",
+                        lambda *a, plan=fm_train._epoch_plan: calls.append(a) or plan(*a))
+    per_epoch = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+    assert [len(a[2]) for a in calls] == [1, 1, 1]
+    np.testing.assert_allclose(per_epoch.V_, whole.V_, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(per_epoch.loss_curve_, whole.loss_curve_, rtol=1e-12)
