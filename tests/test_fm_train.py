@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gpustat.estimators import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
-from gpustat.estimators._train import bucket
+from gpustat.estimators._train import _contract, bucket
 
 
 @pytest.mark.parametrize("tx", [lazy_adagrad(0.1, eps=0.0), lazy_adam(0.1, eps=0.0)])
@@ -38,3 +38,16 @@ def test_bad_hyperparameters_raise_value_error(make, name):
     """They gave NaN parameters (ftrl(0.0), b1 = 1) or ascent (lazy_sgd(-lr)) silently."""
     with pytest.raises(ValueError, match=name):
         make()
+
+
+@pytest.mark.parametrize("spec", ["back,bdck->badc", "badc,bdck->back", "badc,bdg->bacg",
+                                  "baf,bacg->cfg", "bad,bdg->bag", "baf,bag->fg", "ij,jk->ki"])
+def test_contract_equals_numpy_einsum(spec):
+    """FwFM's contractions as broadcast products (no GEMM) against numpy's einsum."""
+    rng = np.random.default_rng(7)
+    sizes = dict(zip("badckfgijz", (3, 4, 5, 2, 6, 7, 3, 2, 5, 4)))
+    spec_a, spec_b = spec.split("->")[0].split(",")
+    a = rng.normal(size=[sizes[c] for c in spec_a])
+    b = rng.normal(size=[sizes[c] for c in spec_b])
+    np.testing.assert_allclose(np.asarray(_contract(spec, jnp.asarray(a), jnp.asarray(b))),
+                               np.einsum(spec, a, b), rtol=1e-12, atol=1e-12)

@@ -463,7 +463,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """:meth:`fit`; returns the checked, padded rows and the number of rows given."""
         self._check_settings()
         X, n = self._check_X(X, fitting=True)
-        w = np.asarray(np.arange(X.shape[0]) < n, X.dtype)  # padding rows: weight 0
+        # padding rows: weight 0; sent once, for the initialisation's programs and EM's
+        w = jax.device_put(np.asarray(np.arange(X.shape[0]) < n, X.dtype))
         path = resolve_mixture_backend(self.backend, X.shape[1], "fit_em", self.precision)
         slots = self._slots(path, X.shape[0])
         kind = self._fit_kind(path)
