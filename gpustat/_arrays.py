@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["compute_dtype", "grid_size", "next_pow2", "nonempty", "over_row_chunks", "pad_axis",
-           "row_bucket", "row_weights"]
+           "pad_rows", "row_bucket", "row_weights"]
 
 
 def next_pow2(n: int) -> int:
@@ -28,6 +29,42 @@ def row_bucket(n: int) -> int:
     cross-validation folds, share one compiled program: :func:`grid_size` with four
     sizes per octave (at most a quarter more rows)."""
     return grid_size(n, 4)
+
+
+# bytes from which host rows are padded on the device (below, one host copy costs less
+# than the joining program's compile); the joined pieces number _PIECES
+_DEVICE_PADDING_BYTES = 1 << 22
+_PIECES = 64
+
+
+@jax.jit
+def _joined(*pieces):
+    return jnp.concatenate(pieces)
+
+
+def pad_rows(X: np.ndarray, rows: int):
+    """Host rows X (n, p) with zero rows appended up to ``rows`` (>= n).
+
+    Small X are padded on the host (a numpy array). Larger ones go to the device in
+    ``_PIECES`` pieces of rows / _PIECES rows, all but the one holding the last rows
+    sent as views of X (no host copy of X), the zero pieces sent once, and are joined
+    there by one program per (rows, p, dtype), which nearby n of one row bucket share.
+    """
+    n, p = X.shape
+    if rows == n:
+        return X
+    piece = rows // _PIECES
+    if X.nbytes < _DEVICE_PADDING_BYTES or rows % _PIECES or n < piece:
+        return np.concatenate([X, np.zeros((rows - n, p), X.dtype)])
+    full = n // piece
+    pieces = [X[i * piece:(i + 1) * piece] for i in range(full)]
+    if n > full * piece:
+        pieces.append(np.concatenate([X[full * piece:],
+                                      np.zeros(((full + 1) * piece - n, p), X.dtype)]))
+    pieces = jax.device_put(pieces)
+    if len(pieces) < _PIECES:
+        pieces += [jax.device_put(np.zeros((piece, p), X.dtype))] * (_PIECES - len(pieces))
+    return _joined(*pieces)
 
 
 def compute_dtype(dtype) -> jnp.dtype:

@@ -27,7 +27,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import _check_feature_names, check_array, check_is_fitted
 
-from gpustat._arrays import next_pow2, row_bucket
+from gpustat._arrays import next_pow2, pad_rows, row_bucket
 from gpustat._checks import is_int
 from gpustat._compile_ahead import CompileAhead, run_program
 from gpustat.mixture._em import (
@@ -304,10 +304,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                           "to compute in float64, or pass float32 X to silence this.",
                           UserWarning, stacklevel=3)
         n = X.shape[0]
-        rows = _padded_rows(n, X.shape[1]) if pad else n
-        if rows > n:
-            X = np.concatenate([X, np.zeros((rows - n, X.shape[1]), X.dtype)])
-        X = check_data(integers_as_float(X))
+        X = check_data(integers_as_float(
+            pad_rows(X, _padded_rows(n, X.shape[1]) if pad else n)))
         if fitting:
             if n < self.n_components:
                 raise ValueError(f"Expected n_samples >= n_components but got n_components = "
