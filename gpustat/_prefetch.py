@@ -23,8 +23,8 @@ def prefetched[T](source: Iterable[T], depth: int) -> Iterator[T]:
     The worker starts at once (before the first item is asked for) and runs while
     the caller works on the current item (numpy's heavy loops and waits on the
     device release the GIL). ``depth = 0`` iterates ``source`` in the calling
-    thread. Closing the iterator early cancels the reads not started; a read in
-    progress finishes first.
+    thread. ``close()`` (also before the first item) cancels the reads not started;
+    a read in progress finishes first.
 
     Args:
         source: any iterable; advanced only by the worker.
@@ -32,16 +32,34 @@ def prefetched[T](source: Iterable[T], depth: int) -> Iterator[T]:
     """
     if depth == 0:
         return iter(source)
-    it = iter(source)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="gpustat-prefetch")
-    pending = deque(pool.submit(next, it, _DONE) for _ in range(depth))
-    return _drain(pool, it, pending)
+    return _ReadAhead(iter(source), depth)
 
 
-def _drain[T](pool: ThreadPoolExecutor, it: Iterator[T], pending: deque) -> Iterator[T]:
-    try:
-        while (item := pending.popleft().result()) is not _DONE:
-            pending.append(pool.submit(next, it, _DONE))
-            yield item
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+class _ReadAhead[T]:
+    """Iterator over ``it`` with ``depth`` reads submitted ahead to one worker thread."""
+
+    def __init__(self, it: Iterator[T], depth: int):
+        self._it = it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpustat-prefetch")
+        self._pending = deque(self._pool.submit(next, it, _DONE) for _ in range(depth))
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if not self._pending:
+            raise StopIteration
+        try:
+            item = self._pending.popleft().result()
+        except BaseException:
+            self.close()
+            raise
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        self._pending.append(self._pool.submit(next, self._it, _DONE))
+        return item
+
+    def close(self) -> None:
+        self._pending.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -128,6 +128,23 @@ def test_prefetched_reads_ahead_in_order_and_reraises_in_place():
     assert list(prefetched(range(3), 0)) == [0, 1, 2]
 
 
+def test_prefetched_closed_before_its_first_item_reads_no_further():
+    """A fit that fails its checks after the epoch orders started closes the read-ahead:
+    the reads not started are cancelled."""
+    pulled = []
+
+    def source():
+        for i in range(100):
+            pulled.append(i)
+            yield i
+
+    it = prefetched(source(), 2)
+    it.close()
+    assert len(pulled) <= 2
+    with pytest.raises(StopIteration):
+        next(it)
+
+
 def test_streamed_file_trains_the_same_model_with_and_without_read_ahead(tmp_path,
                                                                          monkeypatch):
     """``iter_libffm(prefetch=2)`` parses the next chunks in a worker thread while

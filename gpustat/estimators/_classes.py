@@ -193,12 +193,10 @@ class _FactorizationMachine(BaseEstimator):
             self._check_representable(*value_range, "X")
         return X, value_range
 
-    def _prepared_X(self, X, value_range=None) -> tuple[sp.csr_matrix, bool]:
+    def _prepared_X(self, X) -> tuple[sp.csr_matrix, bool]:
         """Canonical float64 CSR ``X`` of finite values the training dtype holds, and
-        whether every stored value is 1 (one-hot rows). ``value_range``: given when ``X``
-        comes from :meth:`_scanned_X` (its range)."""
-        if value_range is None:
-            X, value_range = self._scanned_X(X)
+        whether every stored value is 1 (one-hot rows)."""
+        X, value_range = self._scanned_X(X)
         X, canonical_range = _canonical_csr(X, value_range)
         if canonical_range is not None and canonical_range != value_range:
             self._check_representable(*canonical_range, "X")  # duplicates were summed
@@ -562,12 +560,10 @@ class _FactorizationMachine(BaseEstimator):
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
                              y_numeric=not self._is_classifier, reset=True,
                              ensure_all_finite=False)
-        X, value_range = self._scanned_X(X)  # made canonical once the epoch orders are drawn
         fields = self._validate_fields(field_ids, X.shape[1], first=True)
         y_codes = self._encode(y, first=True)
-        weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
         rng = np.random.default_rng(self.random_state)
-        eval_data = None
+        eval_data = split = None
         if eval_set is not None:
             X_val, y_val = self._eval_data(eval_set, X.shape[1])
             if self._is_classifier:
@@ -583,9 +579,7 @@ class _FactorizationMachine(BaseEstimator):
             if n_val >= X.shape[0]:
                 raise ValueError(f"validation_fraction={self.validation_fraction} leaves no "
                                  f"training rows out of {X.shape[0]}")
-            val_idx, tr_idx = perm[:n_val], perm[n_val:]
-            eval_data = (self._prepared_X(X[val_idx])[0], y_codes[val_idx])
-            X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
+            split = perm[:n_val], perm[n_val:]
         resume = self.warm_start and hasattr(self, "w0_")
         if resume:
             self._check_resume(X.shape[1], fields, fitted_classes)
@@ -593,15 +587,22 @@ class _FactorizationMachine(BaseEstimator):
         else:
             params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
                                                                     int(fields.max()) + 1)), None
-        n_rows = X.shape[0]
-        # drawn epoch by epoch (max_iter orders of n rows need not fit in memory at once),
-        # a few ahead by a worker thread while this one packs and sends the rows
-        orders = prefetched((rng.permutation(n_rows) for _ in range(self.max_iter)),
-                            min(self.max_iter, 4))
-        X, ones = self._prepared_X(X, value_range)
-        params, opt_state, losses, val_scores = self._train(
-            X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
-            eval_data=eval_data, backend=backend, fields=fields, ones=ones)
+        n_rows = X.shape[0] if split is None else len(split[1])
+        # the epoch orders are drawn epoch by epoch (max_iter orders of n rows need not fit
+        # in memory at once), a few ahead, by a worker thread while this one checks, packs
+        # and sends the rows
+        with contextlib.closing(prefetched(
+                (rng.permutation(n_rows) for _ in range(self.max_iter)),
+                min(self.max_iter, 4))) as orders:
+            weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
+            if split is not None:
+                val_idx, tr_idx = split
+                eval_data = (self._prepared_X(X[val_idx])[0], y_codes[val_idx])
+                X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
+            X, ones = self._prepared_X(X)
+            params, opt_state, losses, val_scores = self._train(
+                X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
+                eval_data=eval_data, backend=backend, fields=fields, ones=ones)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
