@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from gpustat._arrays import over_row_chunks, row_weights
 from gpustat._checks import check_int, check_real
 from gpustat._compile_ahead import run_program
-from gpustat.mixture._em import QUICK_COMPILE
+from gpustat.mixture._em import QUICK_COMPILE, weighted_shift
 from gpustat.mixture._mstep import m_step
 from gpustat.mixture._validation import check_data, check_sample_weight
 from gpustat.reference.mixture import (
@@ -245,8 +245,9 @@ def _only_present(init: MixtureParams, present) -> MixtureParams:
     return dataclasses.replace(init, weights=weights / jnp.sum(weights))
 
 
-def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
-                    kmeans_max_iter, kmeans_tol, active, diagonal):
+def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method, active,
+                    diagonal):
+    """One restart of the methods other than "kmeans" on centred rows X."""
     present = _present(n_components, active)
     if method == "k-means++":
         seeds = _seed_rows(key, X, w, n_components, active)
@@ -255,10 +256,6 @@ def _initialize_one(key, X, w, n_components, covariance_type, reg_covar, method,
         seeds = jax.random.choice(key, X.shape[0], (n_components,), replace=False,
                                   p=w / jnp.sum(w))
         init = _one_point_components(X, seeds, covariance_type, reg_covar)
-    elif method == "kmeans":
-        seeds = X[_seed_rows(key, X, w, n_components, active)]
-        centres = _lloyd(X, w, seeds, kmeans_max_iter, kmeans_tol, present)
-        init = _kmeans_params(X, w, centres, present, covariance_type, reg_covar, diagonal)
     else:
         resp = jax.random.uniform(key, (X.shape[0], n_components), dtype=X.dtype) * present
         stats = suff_stats_from_responsibilities(X, resp / resp.sum(axis=1, keepdims=True), w)
@@ -318,38 +315,25 @@ def _per_restart(fn, n_init: int, *batched):
     return jax.vmap(fn)(*batched)
 
 
-def _centring(X, w):
-    """The rows' weighted mean (the shift the initialisation works about) and k-means'
-    tolerance on the centred rows."""
-    shift = jnp.matmul(w, X, precision=_EXACT) / jnp.sum(w)
-    return shift, _lloyd_tol(X - shift, w)
-
-
-def _initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
-                     reg_covar, method, n_init, kmeans_max_iter=100):
-    """:func:`initialize` on validated rows X (n, p) with row weights w (n,) (zero for rows
-    that take no part, e.g. padding): one program per static setting and shape.
-    ``active``: optional traced count a <= m of components that take part; the others
-    get weight 0 (so one program serves every a up to m). ``diagonal``: optional traced
-    bool () with covariance_type "full": where true, the diag model's start in dense form
-    (:func:`m_step`'s ``diagonal``)."""
-    active = n_components if active is None else active
-    shift, tol = _centring(X, w)
+def _other_methods(key, X, w, n_components, active, diagonal, *, covariance_type, reg_covar,
+                   method, n_init):
+    """The methods other than "kmeans", each restart about the rows' weighted mean."""
+    shift = weighted_shift(X, w)[0]
     init = _per_restart(
         lambda k: _initialize_one(k, X - shift, w, n_components, covariance_type, reg_covar,
-                                  method, kmeans_max_iter, tol, active, diagonal),
+                                  method, active, diagonal),
         n_init, jax.random.split(key, n_init))
     return dataclasses.replace(init, means=init.means + shift)
 
 
 def _kmeans_seeds(key, X, w, n_components, active, *, n_init):
-    """k-means' first stage: the centring shift, the tolerance and each restart's
-    k-means++ seeds (n_init, m, p) about the shift."""
-    shift, tol = _centring(X, w)
+    """k-means' first stage: the centring shift (the rows' weighted mean), k-means'
+    tolerance and each restart's k-means++ seeds (n_init, m, p) about the shift."""
+    shift = weighted_shift(X, w)[0]
     Xc = X - shift
     seeds = _per_restart(lambda k: Xc[_seed_rows(k, Xc, w, n_components, active)], n_init,
                          jax.random.split(key, n_init))
-    return shift, tol, seeds
+    return shift, _lloyd_tol(Xc, w), seeds
 
 
 def _kmeans_centres(X, w, shift, seeds, tol, active, *, kmeans_max_iter):
@@ -369,15 +353,14 @@ def _kmeans_final(X, w, shift, centres, active, diagonal, *, covariance_type, re
     return dataclasses.replace(init, means=init.means + shift)
 
 
-_INIT_STATIC = ("n_components", "covariance_type", "reg_covar", "method", "n_init",
-                "kmeans_max_iter")
 # Programs that run once a fit are compiled without XLA's GEMM autotuning, which compiles
 # candidate kernels for each new matmul (on an H200: 5.5-6.5 s for the k-means label
 # statistics, against 3-19 ms more run time untuned). The Lloyd loop, run up to
 # kmeans_max_iter times, keeps it (2.2x slower untuned).
 _UNTUNED = {"xla_gpu_autotune_level": 0}
-_initialize_untuned = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
-                              compiler_options=_UNTUNED)
+_other_methods_jit = jax.jit(_other_methods, static_argnames=(
+    "n_components", "covariance_type", "reg_covar", "method", "n_init"),
+    compiler_options=_UNTUNED)
 _kmeans_seeds_jit = jax.jit(_kmeans_seeds, static_argnames=("n_components", "n_init"),
                             compiler_options=_UNTUNED)
 _kmeans_centres_jit = jax.jit(_kmeans_centres, static_argnames="kmeans_max_iter")
@@ -385,23 +368,33 @@ _kmeans_final_jit = jax.jit(_kmeans_final, static_argnames=("covariance_type", "
                             compiler_options=_UNTUNED)
 
 
+def _inline(program, *args, **kwargs):
+    """The runner that traces a jitted ``program``'s function into the caller's program
+    (a nested jit may not carry compiler options)."""
+    return program.__wrapped__(*args, **kwargs)
+
+
 def initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, covariance_type,
                     reg_covar, method, n_init, kmeans_max_iter=100, run=run_program):
-    """:func:`_initialize_rows` as compiled programs: ``"kmeans"`` in three (seeds, the
-    Lloyd loop, the final statistics), so that only the loop pays for tuned matmuls; the
-    other methods in one. Inside a caller's trace it is traced into the caller's program.
-    ``run``: the runner of the programs (:mod:`gpustat._compile_ahead`; it passes
-    keyword arguments through unchanged: static ones go by keyword)."""
+    """:func:`initialize` on validated rows X (n, p) with row weights w (n,) (zero for rows
+    that take no part, e.g. padding), as compiled programs: ``"kmeans"`` in three (seeds,
+    the Lloyd loop, the final statistics), so that only the loop pays for tuned matmuls;
+    the other methods in one. Inside a caller's trace it is traced into the caller's
+    program.
+
+    ``active``: optional traced count a <= m of components that take part; the others get
+    weight 0 (so one program serves every a up to m). ``diagonal``: optional traced bool
+    () with covariance_type "full": where true, the diag model's start in dense form
+    (:func:`m_step`'s ``diagonal``). ``run``: the runner of the programs
+    (:mod:`gpustat._compile_ahead`; it passes keyword arguments through unchanged: static
+    ones go by keyword)."""
     if any(isinstance(a, jax.core.Tracer) for a in (key, X, w, active, diagonal)):
-        return _initialize_rows(key, X, w, n_components, active, diagonal,
-                                covariance_type=covariance_type, reg_covar=reg_covar,
-                                method=method, n_init=n_init, kmeans_max_iter=kmeans_max_iter)
-    if method != "kmeans":
-        return run(_initialize_untuned, key, X, w, active=active, diagonal=diagonal,
-                   n_components=n_components, covariance_type=covariance_type,
-                   reg_covar=reg_covar, method=method, n_init=n_init,
-                   kmeans_max_iter=kmeans_max_iter)
+        run = _inline
     active = n_components if active is None else active
+    if method != "kmeans":
+        return run(_other_methods_jit, key, X, w, active=active, diagonal=diagonal,
+                   n_components=n_components, covariance_type=covariance_type,
+                   reg_covar=reg_covar, method=method, n_init=n_init)
     shift, tol, seeds = run(_kmeans_seeds_jit, key, X, w, active=active,
                             n_components=n_components, n_init=n_init)
     centres = run(_kmeans_centres_jit, X, w, shift, seeds, tol, active,
@@ -410,6 +403,8 @@ def initialize_rows(key, X, w, n_components, active=None, diagonal=None, *, cova
                covariance_type=covariance_type, reg_covar=reg_covar)
 
 
-# the same program compiled without LLVM's optimisation passes (small data on a CPU)
-initialize_rows_quick = jax.jit(_initialize_rows, static_argnames=_INIT_STATIC,
-                                compiler_options=QUICK_COMPILE)
+# the same programs as one, compiled without LLVM's optimisation passes (small data on a
+# CPU, where compiling dominates)
+initialize_rows_quick = jax.jit(initialize_rows, static_argnames=(
+    "n_components", "covariance_type", "reg_covar", "method", "n_init", "kmeans_max_iter"),
+    compiler_options=QUICK_COMPILE)
