@@ -172,8 +172,9 @@ class _FactorizationMachine(BaseEstimator):
                 raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
         return fm_train.scatter_backend(self.backend)
 
-    def _validate_X(self, X, *, reset: bool) -> sp.csr_matrix:
-        return self._prepared_X(self._checked_X(X, reset=reset))[0]
+    def _validate_X(self, X, *, reset: bool) -> tuple[sp.csr_matrix, bool]:
+        """:meth:`_prepared_X` of X after scikit-learn's checks."""
+        return self._prepared_X(self._checked_X(X, reset=reset))
 
     def _checked_X(self, X, *, reset: bool):
         """scikit-learn's validation of X (shape, type, feature names), its values' check
@@ -238,7 +239,8 @@ class _FactorizationMachine(BaseEstimator):
         return fields.astype(np.int64)
 
     def _eval_data(self, eval_set, n_features):
-        """(X_val, y_val) from ``eval_set`` = (X, y) or [(X, y)]."""
+        """(X_val, whether its values are all 1, y_val) from ``eval_set`` = (X, y) or
+        [(X, y)]."""
         if isinstance(eval_set, list) and len(eval_set) != 1:
             # xgboost-style [(X_train, y_train), (X_val, y_val)] would stop on the first pair
             raise ValueError(f"eval_set must be (X_val, y_val) or a list of one such pair, got "
@@ -248,11 +250,11 @@ class _FactorizationMachine(BaseEstimator):
             X_val, y_val = item
         except (TypeError, ValueError) as exc:
             raise ValueError("eval_set must be (X_val, y_val) or [(X_val, y_val)]") from exc
-        X_val = self._validate_X(X_val, reset=False)
+        X_val, ones = self._validate_X(X_val, reset=False)
         y_val = column_or_1d(y_val, warn=True)
         if len(y_val) != X_val.shape[0]:
             raise ValueError(f"eval_set: X has {X_val.shape[0]} rows but y has {len(y_val)}")
-        return X_val, y_val
+        return X_val, ones, y_val
 
     # ------------------------------------------------------------ parameters
 
@@ -433,9 +435,11 @@ class _FactorizationMachine(BaseEstimator):
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
     def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
-               fields, ones=None):
+               fields, ones):
         """Run an epoch per row order the iterator ``orders`` yields (drawn as needed).
 
+        ``ones``: whether every stored value of X is 1 (:meth:`_prepared_X`);
+        ``eval_data``: None or (X_val, its ``ones``, y_val's codes).
         Without ``eval_data`` and ``verbose`` the rows go to the device in one
         transfer and all epochs run in one compiled program; the parameters,
         state and losses come back in one copy at the end.
@@ -465,9 +469,9 @@ class _FactorizationMachine(BaseEstimator):
         data = fm_train._ell_layout(rows.z, *jax.device_put(rows.arrays))
         val_rows = None
         if eval_data is not None:
-            X_val, y_val_codes = eval_data
+            X_val, val_ones, y_val_codes = eval_data
             val_rows = fm_train.to_device_rows(X_val, fields, np.zeros((X_val.shape[0], 1)),
-                                               np.zeros(X_val.shape[0]), dtype)
+                                               np.zeros(X_val.shape[0]), dtype, val_ones)
         bar = None
         if self.verbose:
             from tqdm.auto import tqdm
@@ -565,14 +569,14 @@ class _FactorizationMachine(BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         eval_data = split = None
         if eval_set is not None:
-            X_val, y_val = self._eval_data(eval_set, X.shape[1])
+            X_val, val_ones, y_val = self._eval_data(eval_set, X.shape[1])
             if self._is_classifier:
                 check_classification_targets(y_val)
                 unknown = ~np.isin(y_val, self.classes_)
                 if np.any(unknown):
                     raise ValueError(f"eval_set contains labels {np.unique(y_val[unknown])} "
                                      f"not seen in y (classes_={self.classes_.tolist()})")
-            eval_data = (X_val, self._encode(y_val, first=False))
+            eval_data = (X_val, val_ones, self._encode(y_val, first=False))
         elif self.early_stopping:
             perm = rng.permutation(X.shape[0])
             n_val = max(1, round(self.validation_fraction * X.shape[0]))
@@ -597,7 +601,7 @@ class _FactorizationMachine(BaseEstimator):
             weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
             if split is not None:
                 val_idx, tr_idx = split
-                eval_data = (self._prepared_X(X[val_idx])[0], y_codes[val_idx])
+                eval_data = (*self._prepared_X(X[val_idx]), y_codes[val_idx])
                 X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
             X, ones = self._prepared_X(X)
             params, opt_state, losses, val_scores = self._train(
@@ -626,7 +630,7 @@ class _FactorizationMachine(BaseEstimator):
             raise ValueError("classes must be passed on the first call to partial_fit")
         if self._is_classifier and self.class_weight == "balanced":
             raise ValueError("class_weight='balanced' needs all labels at once; use fit")
-        X = self._validate_X(X, reset=first)
+        X, ones = self._validate_X(X, reset=first)
         fields = self._validate_fields(field_ids, X.shape[1], first=first)
         y_codes = self._encode(y, first=first, classes=classes)
         if len(y_codes) != X.shape[0]:
@@ -644,7 +648,7 @@ class _FactorizationMachine(BaseEstimator):
             params, opt_state = self._to_internal(self._public()), self._resume_state()
         params, opt_state, losses, _ = self._train(
             X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), params=params,
-            opt_state=opt_state, eval_data=None, backend=backend, fields=fields)
+            opt_state=opt_state, eval_data=None, backend=backend, fields=fields, ones=ones)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
@@ -691,9 +695,9 @@ class _FactorizationMachine(BaseEstimator):
 
     def _scores(self, X) -> np.ndarray:
         check_is_fitted(self)
-        X = self._validate_X(X, reset=False)
+        X, ones = self._validate_X(X, reset=False)
         rows = fm_train.to_device_rows(X, self.field_ids_, np.zeros((X.shape[0], 1)),
-                                       np.zeros(X.shape[0]), self._np_dtype())
+                                       np.zeros(X.shape[0]), self._np_dtype(), ones)
         scores = fm_train.decision_scores(self._model, self._to_internal(self._public()), rows)
         return np.asarray(scores[: X.shape[0]])
 

@@ -177,7 +177,7 @@ def host_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
 
 
 def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
-                   weight: np.ndarray, dtype) -> DeviceRows:
+                   weight: np.ndarray, dtype, ones: bool | None = None) -> DeviceRows:
     """Pack a canonical CSR matrix (no explicit zeros, no duplicates) for the device.
 
     The CSR arrays go to the device as they are (``indptr``, ``indices``,
@@ -191,13 +191,14 @@ def to_device_rows(X: sp.csr_matrix, field_ids: np.ndarray, target: np.ndarray,
         target: (n, C) training targets.
         weight: (n,) row weights.
         dtype: float dtype of values, targets and weights.
+        ones: whether every stored value is 1, when the caller knows (:func:`host_rows`).
 
     Returns:
         :class:`DeviceRows` with ``n_pad = bucket(n + 1, 256)`` rows (at least
         one padding row) and ``z`` the next power of two (>= 8) of the largest
         row length.
     """
-    rows = host_rows(X, field_ids, target, weight, dtype)
+    rows = host_rows(X, field_ids, target, weight, dtype, ones)
     return _ell_layout(rows.z, *jax.device_put(rows.arrays))
 
 

@@ -376,7 +376,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         kind = kind or self.covariance_type
         init = program(key, X, w, n_slots or int(self.n_components),
                        np.asarray(int(self.n_components), np.int32),
-                       np.asarray(self.covariance_type == "diag") if kind == "full" else None,
+                       self._dense_diag(kind),
                        covariance_type=kind, reg_covar=float(self.reg_covar),
                        method=self.init_params, n_init=n_init)
         if weights is None and means is None and precisions is None:
@@ -397,6 +397,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         the diagonals, so that both models share their programs; else the model's."""
         return "full" if path == "reference" and self.covariance_type == "diag" else (
             self.covariance_type)
+
+    def _dense_diag(self, kind: str):
+        """The programs' ``diagonal`` flag: with "full" programs, whether they fit the diag
+        model in dense form (a traced bool, so both share them); None otherwise."""
+        return np.asarray(self.covariance_type == "diag") if kind == "full" else None
 
     def _has_user_inits(self) -> bool:
         return any(v is not None for v in (self.weights_init, self.means_init,
@@ -485,7 +490,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             return run(
                 fit_em_rows_quick_jit if quick else fit_em_rows_jit,
                 X, w, init, np.asarray(start_bound, X.dtype),
-                np.asarray(self.covariance_type == "diag") if kind == "full" else None,
+                self._dense_diag(kind),
                 tol=float(self.tol), max_iter=int(self.max_iter),
                 reg_covar=float(self.reg_covar), weight_prior=None, component_prior=None,
                 precision=self.precision, path=path,
