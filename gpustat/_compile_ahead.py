@@ -6,7 +6,9 @@ pays their compilations one after another on its first call. Code written agains
 :class:`CompileAhead`, which starts each program's compilation on a worker thread and
 hands back the program's abstract output (so the next program's arguments are known
 without running anything), then with :func:`run_program`, which runs the programs; by
-then every compilation is in JAX's cache.
+then every compilation is in JAX's cache. :func:`compile_ahead_once` skips the first
+walk when a walk of the same key has run before in the process (its programs are in the
+cache: walking again would only trace and look them up).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax
 
-__all__ = ["CompileAhead", "run_program"]
+__all__ = ["CompileAhead", "compile_ahead_once", "run_program"]
 
 
 def run_program(program, *args, **kwargs):
@@ -61,3 +63,19 @@ class CompileAhead:
                     future.result()
         finally:
             self._pool.shutdown(cancel_futures=True)
+
+
+_walked: set = set()
+
+
+def compile_ahead_once(key, walk) -> None:
+    """``walk(runner)`` under a :class:`CompileAhead` unless a walk of ``key`` has already
+    run in this process. ``key`` (hashable) must name everything that decides the walk's
+    programs and their argument shapes, dtypes and placement. Clearing JAX's caches
+    (``jax.clear_caches``) after a walk costs only speed: the later calls then compile in
+    turn."""
+    if key in _walked:
+        return
+    with CompileAhead() as ahead:
+        walk(ahead)
+    _walked.add(key)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpustat
-from gpustat._compile_ahead import CompileAhead, run_program
+from gpustat._compile_ahead import CompileAhead, compile_ahead_once, run_program
 from tests.helpers import compiled_programs
 
 
@@ -54,6 +54,27 @@ def test_the_callers_thread_local_settings_key_the_compilations():
         with CompileAhead() as ahead:
             _chain(ahead, x, y)
         names = compiled_programs(lambda: _chain(run_program, x, y))
+    assert [n for n in names if "_powered_sum" in n or "_scaled" in n] == []
+
+
+def test_a_key_is_walked_once():
+    """The second walk of a key is skipped (its programs are compiled); a new key walks,
+    and its programs then run without compiling."""
+    walks = []
+
+    def walk(shape):
+        def chain(run):
+            walks.append(shape)
+            return _chain(run, jnp.ones(shape), jnp.ones(shape[1:]))
+        return chain
+
+    key = ("test_a_key_is_walked_once", (13, 2))
+    compile_ahead_once(key, walk((13, 2)))
+    compile_ahead_once(key, walk((13, 2)))
+    assert walks == [(13, 2)]
+    compile_ahead_once(("test_a_key_is_walked_once", (17, 2)), walk((17, 2)))
+    assert walks == [(13, 2), (17, 2)]
+    names = compiled_programs(lambda: _chain(run_program, jnp.ones((17, 2)), jnp.ones(2)))
     assert [n for n in names if "_powered_sum" in n or "_scaled" in n] == []
 
 

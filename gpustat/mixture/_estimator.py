@@ -29,7 +29,7 @@ from sklearn.utils.validation import _check_feature_names, check_array, check_is
 
 from gpustat._arrays import next_pow2, pad_rows, row_bucket
 from gpustat._checks import is_int
-from gpustat._compile_ahead import CompileAhead, run_program
+from gpustat._compile_ahead import compile_ahead_once, run_program
 from gpustat.mixture._em import (
     STATUS_OK,
     fit_em_rows_jit,
@@ -403,6 +403,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         model in dense form (a traced bool, so both share them); None otherwise."""
         return np.asarray(self.covariance_type == "diag") if kind == "full" else None
 
+    def _programs_key(self, X, path: str, kind: str, slots: int | None) -> tuple:
+        """What decides the programs of a fit without user inits: the rows' shape, dtype
+        and placement, the 64-bit mode, the resolved path and the settings."""
+        settings = (self.n_components, self.covariance_type, self.tol, self.reg_covar,
+                    self.max_iter, self.n_init, self.init_params, self.precision,
+                    self.verbose, self.verbose_interval)
+        return (type(self).__name__, X.shape, X.dtype, X.sharding,
+                jax.dtypes.canonicalize_dtype(np.float64), path, kind, slots, settings)
+
     def _has_user_inits(self) -> bool:
         return any(v is not None for v in (self.weights_init, self.means_init,
                                            self.precisions_init))
@@ -498,8 +507,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
 
         if do_init and not quick and not self._has_user_inits():
             # the initialisation's programs and EM's compile side by side, not in turn
-            with CompileAhead() as ahead:
-                fit_programs(ahead)
+            compile_ahead_once(self._programs_key(X, path, kind, slots), fit_programs)
         result = fit_programs(run_program)
         fitted = _in_form(result.params, self.covariance_type)
         if int(result.status) != STATUS_OK:
