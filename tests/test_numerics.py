@@ -137,3 +137,18 @@ def test_curvature_derivative_against_mpmath(dtype, rtol):
     np.testing.assert_allclose(got, want, rtol=rtol)
     at_inf = jax.vmap(jax.grad(numerics.probit_curvature))(jnp.array([-jnp.inf, jnp.inf], dtype))
     assert np.array_equal(np.asarray(at_inf), [0.0, 0.0])
+
+
+def test_ndtr_and_pdf_against_mpmath():
+    """The shared-exponential pair of the BMS calibration (gpustat.reference.numerics):
+    relative error below 1e-13 while Φ(-|x|) is a normal float64, on a grid that
+    crosses Cody's interval ends (|x| = 0.46875 √2 and 4 √2)."""
+    from gpustat.reference.numerics import ndtr_and_pdf
+
+    x = np.r_[np.linspace(-37.0, 37.0, 1481), [-0.6629126, 0.6629126, -5.6568542, 5.6568542]]
+    cdf, pdf = map(np.asarray, ndtr_and_pdf(jnp.asarray(x, jnp.float64)))
+    with mp.workdps(40):
+        want_cdf = np.array([float(mp.ncdf(v)) for v in x])
+        want_pdf = np.array([float(mp.npdf(v)) for v in x])
+    np.testing.assert_allclose(cdf, want_cdf, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(pdf, want_pdf, rtol=1e-13, atol=0)

@@ -7,8 +7,9 @@ Minimises over the joint coefficients β = [β_m (p_m) | β_g (p_g) | β_h (p_h)
 with ℓ_i the row negative log-likelihood of :mod:`gpustat.bms` and S an optional
 penalty. Each Newton iteration, inside one ``lax.while_loop``:
 
-1. Stage 0 (:mod:`gpustat.bms._stage0`; its intercept iterations start from the
-   intercepts the line search found at β), Stage 1 and Stage 2 at β give f, the gradient
+1. Stage 0 (:mod:`gpustat.bms._stage0`) at the intercepts the line search calibrated
+   at β (before the first step, a calibration from the rigid start), Stage 1 and
+   Stage 2 at β give f, the gradient
    ∇f = Σ_i J_iᵀ g_i + S β and the row Hessians of the :class:`gpustat.bms.JointOperator`.
 2. Converged when ``max_j |∇f_j| <= gtol · max(1, |f|)``.
 3. The direction d solves ``(Σ_i J_iᵀ H_i J_i + S) d = -∇f`` by conjugate gradients
@@ -41,8 +42,8 @@ from gpustat.bms import _ops as _bms
 from gpustat.bms._stage0 import (
     CalibrationStatus,
     basis_table,
-    build_row_fields,
     calibrate_intercepts,
+    fields_at_intercepts,
     observed_neglog,
 )
 from gpustat.piecewise import PiecewisePolynomial
@@ -128,15 +129,17 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
     def penalty_term(beta):
         return 0.5 * beta @ (penalty @ beta)
 
-    def derivatives(beta, a_start):
+    def derivatives(beta, a):
+        """The rows' derivatives at beta, whose calibrated intercepts are a (a failed
+        row's NaN fails its cells in Stage 1 and the row in Stage 2)."""
         bm, bg, bh, bw = _split(beta, p_m, p_g, p_h)
-        fields, _, _ = build_row_fields(score, link, bh, bw, x @ bm, g @ bg, z_obs, y, w, s_f,
-                                        a_start=a_start)
+        fields, _ = fields_at_intercepts(score, link, bh, bw, a, x @ bm, g @ bg, z_obs, y, w,
+                                         s_f)
         moments, status = _bms.cell_moments(fields["cell_lo"], fields["cell_hi"],
                                             fields["cell_c"], order=order, backend=backend)
         rows = _bms.BmsRows(**fields, cell_moments=moments, cell_status=status, p_h=p_h,
                             p_w=beta.shape[0] - p_m - p_g - p_h)
-        return _bms.row_derivatives(rows, backend=backend), fields["a"]
+        return _bms.row_derivatives(rows, backend=backend)
 
     def objective(beta, a_start):
         """f at beta and the intercepts there (the start of the next rows' calibration)."""
@@ -176,7 +179,7 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
 
     def body(state):
         beta, a, it, cg_total, _, _, _, _ = state
-        derivs, a = derivatives(beta, a)
+        derivs = derivatives(beta, a)
         f = jnp.sum(derivs.neglog) + penalty_term(beta)
         grad = -_bms.joint_gradient(derivs, x, g)[1:] + penalty @ beta
         gnorm = jnp.max(jnp.abs(grad))
@@ -198,10 +201,12 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         return ~state[-1]
 
     nan = jnp.asarray(jnp.nan, beta0.dtype)
-    # the first rows' intercepts start from the rigid solution (NaN start), later ones from
-    # the intercepts the line search computed at the accepted point
-    init = (beta0, jnp.full(z_obs.shape, jnp.nan, beta0.dtype), jnp.int32(0), jnp.int32(0),
-            jnp.int32(_RUNNING), nan, nan, jnp.bool_(False))
+    # the intercepts at beta0 from the rigid start; after a step, those the line search
+    # calibrated at the accepted point (a rejected step keeps beta and its intercepts)
+    bm, bg, bh, bw = _split(beta0, p_m, p_g, p_h)
+    a0, _, _ = calibrate_intercepts(score, link, bh, bw, x @ bm, g @ bg, s_f)
+    init = (beta0, a0, jnp.int32(0), jnp.int32(0), jnp.int32(_RUNNING), nan, nan,
+            jnp.bool_(False))
     beta, _, it, cg_total, status, f, gnorm, _ = jax.lax.while_loop(cond, body, init)
     return FitResult(beta, f, gnorm, it, cg_total, status)
 

@@ -48,10 +48,10 @@ import numpy as np
 
 from gpustat.bms._rows import NEWTON_MAX_ITER, QUAD_HALF_WIDTH, SPLIT_TOL, _extended_pieces
 from gpustat.reference.bms import AFFINE_TOL, gauss_legendre, probit_factors
-from gpustat.reference.numerics import ndtr
+from gpustat.reference.numerics import ndtr, ndtr_and_pdf
 
 __all__ = ["CalibrationStatus", "basis_table", "build_row_fields", "calibrate_intercepts",
-           "cells_per_row", "observed_neglog"]
+           "cells_per_row", "fields_at_intercepts", "observed_neglog"]
 
 COARSE_NODES = 12
 COARSE_TOL = 1e-6
@@ -223,9 +223,9 @@ def _calibration(score, link, a, b, q, s_f, nodes):
     eta = _poly(c[:, None, None, :], z)
     dens = half * wts * _INV_SQRT_2PI * jnp.exp(-0.5 * z * z)
     sign = jnp.where(q > 0, -1.0, 1.0)
-    f = sign * (jnp.sum(ndtr(sign * eta) * dens) - ndtr(sign * q))
-    f_a = jnp.sum(_INV_SQRT_2PI * jnp.exp(-0.5 * eta * eta) * _poly(slope[:, None, None, :], z)
-                  * dens)
+    cdf, pdf = ndtr_and_pdf(sign * eta)
+    f = sign * (jnp.sum(cdf * dens) - ndtr(sign * q))
+    f_a = jnp.sum(pdf * _poly(slope[:, None, None, :], z) * dens)
     return f, f_a
 
 
@@ -336,6 +336,13 @@ def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *, a_s
     """
     a, status, _ = calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start=a_start,
                                         coarse_nodes=coarse_nodes, fine_nodes=fine_nodes)
+    fields, valid = fields_at_intercepts(score, link, beta_h, beta_w, a, q, b, z_obs, y, w, s_f)
+    return fields, valid, status
+
+
+def fields_at_intercepts(score, link, beta_h, beta_w, a, q, b, z_obs, y, w, s_f):
+    """:func:`build_row_fields` at intercepts ``a`` (n,) already calibrated (NaN for a
+    failed row): (fields, valid), without the calibration."""
     score_bp = None if score is None else score[0]
     link_bp = None if link is None else link[0]
     jets = functools.partial(_jets, score, link, beta_h, beta_w, s_f=s_f)
@@ -373,4 +380,4 @@ def build_row_fields(score, link, beta_h, beta_w, q, b, z_obs, y, w, s_f, *, a_s
         cell_jet=jet.reshape(n * k, *jet.shape[2:]),
         cell_jet_a=jet_a.reshape(n * k, *jet_a.shape[2:]),
         cell_jet_b=jet_b.reshape(n * k, *jet_b.shape[2:]), s_f=jnp.asarray(s_f))
-    return fields, valid, status
+    return fields, valid
