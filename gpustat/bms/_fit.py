@@ -142,7 +142,8 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         return _bms.row_derivatives(rows, backend=backend)
 
     def objective(beta, a_start):
-        """f at beta and the intercepts there (the start of the next rows' calibration)."""
+        """f at beta and the intercepts calibrated there from a_start (at an accepted
+        point, the intercepts of the next iterate's rows)."""
         bm, bg, bh, bw = _split(beta, p_m, p_g, p_h)
         b = g @ bg
         a, status, _ = calibrate_intercepts(score, link, bh, bw, x @ bm, b, s_f,
