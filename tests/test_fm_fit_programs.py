@@ -182,18 +182,22 @@ def test_streamed_file_trains_the_same_model_with_and_without_read_ahead(tmp_pat
 
 def test_large_data_runs_an_epoch_per_call_with_the_same_result(monkeypatch):
     """From ``_EPOCH_PER_CALL_ROWS`` rows each call runs one epoch (the device starts
-    while the host draws the next orders): the same parameters and losses as one call."""
+    while the host draws the next orders): the same parameters and losses as one call,
+    and one training program for every call (the state starts in ``init_state``)."""
     from gpustat.estimators import _train as fm_train
 
     X, y, fields = _ctr()
     kw = dict(n_factors=3, max_iter=3, batch_size=64, random_state=0, dtype="float64",
-              optimizer="adam")
-    whole = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+              optimizer="adam", learning_rate=0.0345679)
     calls = []
-    monkeypatch.setattr(fm_train, "_EPOCH_PER_CALL_ROWS", 1)
-    monkeypatch.setattr(fm_train, "_epoch_plan",
-                        lambda *a, plan=fm_train._epoch_plan: calls.append(a) or plan(*a))
-    per_epoch = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+    with monkeypatch.context() as patch:
+        patch.setattr(fm_train, "_EPOCH_PER_CALL_ROWS", 1)
+        patch.setattr(fm_train, "_epoch_plan",
+                      lambda *a, plan=fm_train._epoch_plan: calls.append(a) or plan(*a))
+        with _Compiles() as compiles:
+            per_epoch = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+    whole = FFMClassifier(**kw).fit(X, y, field_ids=fields)
     assert [len(a[2]) for a in calls] == [1, 1, 1]
+    assert sorted(compiles.names) == ["jit(_fit_epochs)", "jit(init_state)"], compiles.names
     np.testing.assert_allclose(per_epoch.V_, whole.V_, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(per_epoch.loss_curve_, whole.loss_curve_, rtol=1e-12)

@@ -652,9 +652,9 @@ def train_epoch(cfg: TrainConfig, params, opt_state, data: DeviceRows, order: np
 # row-order slots held per call of the fused program (int32 on the host and the device)
 _ORDER_SLOTS = 1 << 26
 # from this many (padded) rows a call runs one epoch: the device starts on the first
-# epoch while the host draws the next epochs' orders (a permutation of 10M rows takes
-# ~0.3 s on the host, a third of a FM epoch on an H200)
-_EPOCH_PER_CALL_ROWS = 1 << 22
+# epoch while the host draws the next epochs' orders (numpy permutes 1M rows in ~28 ms
+# on an H200 machine's host, most of a FM epoch's 33 ms there)
+_EPOCH_PER_CALL_ROWS = 1 << 19
 
 
 def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
@@ -664,8 +664,9 @@ def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
     and runs a power-of-two group of epochs (all of them unless their row orders
     would pass ``_ORDER_SLOTS``; one from ``_EPOCH_PER_CALL_ROWS`` rows); orders are
     drawn group by group, never all held at once. ``opt_state=None`` starts the
-    transformation's state in the same program, so a fit whose epochs make one group
-    compiles one program (later groups continue the state: a second variant).
+    transformation's state in the same program when the epochs make one group, so
+    such a fit compiles one program; with one epoch per call it starts in
+    :func:`init_state` first, so that every call runs the same program.
 
     Returns:
         ``(params, opt_state, losses)``: ``losses`` a list of ``(sums, count)``,
@@ -673,8 +674,11 @@ def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
         the first ``count`` are real, in order). Nothing is copied to the host.
     """
     csr = jax.device_put(rows.arrays)
-    group = 1 if rows.n_pad >= _EPOCH_PER_CALL_ROWS else _ORDER_SLOTS // rows.n_pad
+    per_call = rows.n_pad >= _EPOCH_PER_CALL_ROWS
+    group = 1 if per_call else _ORDER_SLOTS // rows.n_pad
     group = next_pow2(group + 1) // 2  # the largest power of two <= group
+    if per_call and opt_state is None:
+        opt_state = init_state(cfg.tx, params)
     losses = []
     while chunk := list(itertools.islice(orders, group)):
         plan = _epoch_plan(cfg.batch_size, rows.n_pad, chunk, rows.arrays[4].dtype)
