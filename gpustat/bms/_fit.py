@@ -20,10 +20,8 @@ penalty. Each Newton iteration, inside one ``lax.while_loop``:
    happens at once; either is a descent direction (truncated Newton, Steihaug).
 4. Backtracking line search: the step length halves (at most ``MAX_HALVINGS`` times)
    until Armijo's condition ``f(β + t d) <= f(β) + 1e-4 t ∇fᵀd`` holds; the trial values
-   need only the intercepts and the observed predictors, not the cells. The trial's
-   calibration starts from the intercepts' first-order prediction ``a + t da``
-   (:func:`gpustat.bms._stage0.predicted_intercepts`). A trial with a failed row is
-   rejected.
+   need only the intercepts and the observed predictors, not the cells. A trial with a
+   failed row is rejected.
 
 Reference: J. Nocedal and S. J. Wright, *Numerical Optimization* (2nd ed., 2006),
 chapter 7.1 (line-search Newton-CG).
@@ -47,7 +45,6 @@ from gpustat.bms._stage0 import (
     calibrate_intercepts,
     fields_at_intercepts,
     observed_neglog,
-    predicted_intercepts,
 )
 from gpustat.piecewise import PiecewisePolynomial
 
@@ -164,12 +161,6 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         forcing = jnp.minimum(0.5, jnp.sqrt(gnorm / jnp.maximum(1.0, jnp.abs(f))))
         d, cg_its = _pcg(lambda v: op.hvp(v) + penalty @ v, precond, -grad, forcing, max_cg)
         slope = grad @ d
-        # the trial at beta + t d starts its calibration from a + t da, da the intercepts'
-        # first-order change along d
-        dm, dg, dh, dw = _split(d, p_m, p_g, p_h)
-        bm, bg, bh, bw = _split(beta, p_m, p_g, p_h)
-        da = predicted_intercepts(score, link, bh, bw, a, x @ bm, g @ bg, s_f, dh, dw,
-                                  x @ dm, g @ dg) - a
 
         def search_cond(state):
             t, value, _, k = state
@@ -178,11 +169,11 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         def search_body(state):
             t, _, _, k = state
             t = 0.5 * t
-            return (t, *objective(beta + t * d, a + t * da), k + 1)
+            return (t, *objective(beta + t * d, a), k + 1)
 
         t, value, a_trial, _ = jax.lax.while_loop(
             search_cond, search_body,
-            (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a + da), jnp.int32(0)))
+            (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a), jnp.int32(0)))
         accepted = (value <= f + ARMIJO * t * slope) & (slope < 0)
         return (jnp.where(accepted, beta + t * d, beta), jnp.where(accepted, a_trial, a),
                 accepted, cg_its)

@@ -52,7 +52,7 @@ from gpustat.reference.bms import AFFINE_TOL, gauss_legendre, probit_factors
 from gpustat.reference.numerics import ndtr, ndtr_and_pdf
 
 __all__ = ["CalibrationStatus", "basis_table", "build_row_fields", "calibrate_intercepts",
-           "cells_per_row", "fields_at_intercepts", "observed_neglog", "predicted_intercepts"]
+           "cells_per_row", "fields_at_intercepts", "observed_neglog"]
 
 COARSE_NODES = 12
 COARSE_TOL = 1e-5
@@ -307,23 +307,6 @@ def calibrate_intercepts(score, link, beta_h, beta_w, q, b, s_f, *, a_start=None
     a_start = jnp.full(jnp.shape(q), jnp.nan) if a_start is None else jnp.asarray(a_start)
     return _intercepts(score, link, beta_h, beta_w, q, b, s_f, a_start, coarse_nodes,
                        fine_nodes)
-
-
-def predicted_intercepts(score, link, beta_h, beta_w, a, q, b, s_f, d_beta_h, d_beta_w, d_q,
-                         d_b):
-    """First-order prediction of the intercepts after the parameters move by the tangents
-    (d_beta_h, d_beta_w, d_q, d_b): ``a - (∂F/∂θ · dθ) / F_a`` at the calibrated ``a``
-    (n,) (the implicit function theorem), on the coarse rule. A start for
-    :func:`calibrate_intercepts` at the moved parameters: its error is second order in
-    the move, where ``a`` itself is first order."""
-    def residual(beta_h, beta_w, q, b):
-        folded = _fold(score, beta_h), _fold(link, beta_w)
-        return jax.vmap(lambda qq, bb, aa: _calibration(*folded, aa, bb, qq, s_f,
-                                                        COARSE_NODES))(q, b, a)
-
-    (_, f_a), (f_dot, _) = jax.jvp(residual, (beta_h, beta_w, q, b),
-                                   (d_beta_h, d_beta_w, d_q, d_b))
-    return a - f_dot / f_a
 
 
 def observed_neglog(score, link, beta_h, beta_w, a, b, z_obs, y, w, s_f):
