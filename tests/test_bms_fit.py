@@ -71,6 +71,33 @@ def test_fit_reaches_scipy_trust_ncg_optimum(data):
     assert float(result.gradient_norm) <= 1e-9 * max(1.0, abs(f_scipy))
 
 
+def test_intercept_gradient_equals_the_calibrations_jacobian():
+    """The line search's start a + t da: ∂a/∂θ from the Stage-1 moments equals the
+    Jacobian of the calibrated intercepts (implicit function theorem on the Stage-0 rule)."""
+    from gpustat.bms import _ops
+    from gpustat.bms._fit import _intercept_gradient
+    from gpustat.bms._stage0 import basis_table, build_row_fields, calibrate_intercepts
+
+    rng = np.random.default_rng(2)
+    q, b = rng.normal(size=8) * 1.5, 0.5 + rng.random(8) * 2
+    beta_h, beta_w = rng.normal(size=P_H) * 0.3, rng.normal(size=P_W) * 0.2
+    tables = basis_table(SCORE), basis_table(LINK)
+    s_f = 0.8
+    fields, _, status = build_row_fields(*tables, beta_h, beta_w, q, b, np.zeros(8),
+                                         np.ones(8), np.ones(8), s_f)
+    assert np.all(np.asarray(status) == 0)
+    moments, _ = _ops.cell_moments(fields["cell_lo"], fields["cell_hi"], fields["cell_c"],
+                                   order=9, backend="reference")
+    got = np.asarray(_intercept_gradient(fields, moments))
+
+    def intercepts(q, b, beta_h, beta_w):
+        return calibrate_intercepts(*tables, beta_h, beta_w, q, b, s_f)[0]
+
+    j_q, j_b, j_h, j_w = jax.jacfwd(intercepts, argnums=(0, 1, 2, 3))(q, b, beta_h, beta_w)
+    want = np.c_[np.diag(j_q), np.diag(j_b), j_h, j_w]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
 def test_fit_reports_max_iterations(data):
     x, g, z_obs, y, w = data
     result = bms.fit(x, g, SCORE, LINK, z_obs, y, w, 0.9, penalty=PENALTY, max_iterations=1,

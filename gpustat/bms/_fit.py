@@ -20,8 +20,10 @@ penalty. Each Newton iteration, inside one ``lax.while_loop``:
    happens at once; either is a descent direction (truncated Newton, Steihaug).
 4. Backtracking line search: the step length halves (at most ``MAX_HALVINGS`` times)
    until Armijo's condition ``f(β + t d) <= f(β) + 1e-4 t ∇fᵀd`` holds; the trial values
-   need only the intercepts and the observed predictors, not the cells. A trial with a
-   failed row is rejected.
+   need only the intercepts and the observed predictors, not the cells. The trial's
+   calibration starts at ``a + t da``, da the intercepts' first-order change along d
+   (∂a/∂θ from the Stage-1 moments, :func:`_intercept_gradient`). A trial with a failed
+   row is rejected.
 
 Reference: J. Nocedal and S. J. Wright, *Numerical Optimization* (2nd ed., 2006),
 chapter 7.1 (line-search Newton-CG).
@@ -47,6 +49,7 @@ from gpustat.bms._stage0 import (
     observed_neglog,
 )
 from gpustat.piecewise import PiecewisePolynomial
+from gpustat.reference.bms import KAPPA
 
 __all__ = ["FitResult", "FitStatus", "fit"]
 
@@ -87,6 +90,17 @@ class FitResult(NamedTuple):
 def _split(beta, p_m, p_g, p_h):
     return (beta[:p_m], beta[p_m:p_m + p_g], beta[p_m + p_g:p_m + p_g + p_h],
             beta[p_m + p_g + p_h:])
+
+
+def _intercept_gradient(fields, moments):
+    """∂a/∂θ (n, r) of each row, θ = (q, b, β_h, β_w), from its cells' Stage-1 moments:
+    ``-F_u / F_a`` with ``F_u = κ Σ_cells E_u · m[:4]`` and ``F_q = -φ(q)``, the first
+    derivatives Stage 2 forms (:func:`gpustat.reference.bms.finalize_row`). ``fields`` are
+    Stage 0's, whose rows hold their cells at a fixed stride; ``moments`` (cells, K + 1)."""
+    n, r = fields["mu_1"].shape[0], fields["cell_jet"].shape[1]
+    jet = fields["cell_jet"].reshape(n, -1, r, 4)
+    first = KAPPA * jnp.einsum("nkrc,nkc->nr", jet, moments[:, :4].reshape(n, -1, 4))
+    return -first.at[:, 0].set(-fields["mu_1"]) / first[:, :1]
 
 
 def _pcg(matvec, precond, rhs, tol, max_cg):
@@ -139,7 +153,7 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
                                             fields["cell_c"], order=order, backend=backend)
         rows = _bms.BmsRows(**fields, cell_moments=moments, cell_status=status, p_h=p_h,
                             p_w=beta.shape[0] - p_m - p_g - p_h)
-        return _bms.row_derivatives(rows, backend=backend)
+        return _bms.row_derivatives(rows, backend=backend), _intercept_gradient(fields, moments)
 
     def objective(beta, a_start):
         """f at beta and the intercepts calibrated there from a_start (at an accepted
@@ -153,7 +167,7 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         ok = jnp.all(status == CalibrationStatus.OK) & jnp.isfinite(value)
         return jnp.where(ok, value, jnp.inf), a
 
-    def newton_step(beta, a, f, grad, gnorm, derivs):
+    def newton_step(beta, a, f, grad, gnorm, derivs, a_grad):
         op = _bms.JointOperator(derivs.hess, x, g, backend)
         diag = op.diagonal() + jnp.diagonal(penalty)
         precond = jnp.where(diag > 0, 1.0 / jnp.where(diag > 0, diag, 1.0),
@@ -161,6 +175,11 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         forcing = jnp.minimum(0.5, jnp.sqrt(gnorm / jnp.maximum(1.0, jnp.abs(f))))
         d, cg_its = _pcg(lambda v: op.hvp(v) + penalty @ v, precond, -grad, forcing, max_cg)
         slope = grad @ d
+        # the trial at beta + t d starts its calibration at a + t da, da the intercepts'
+        # first-order change along d
+        dm, dg, dh, dw = _split(d, p_m, p_g, p_h)
+        da = (a_grad[:, 0] * (x @ dm) + a_grad[:, 1] * (g @ dg)
+              + a_grad[:, 2:] @ jnp.concatenate([dh, dw]))
 
         def search_cond(state):
             t, value, _, k = state
@@ -169,18 +188,18 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         def search_body(state):
             t, _, _, k = state
             t = 0.5 * t
-            return (t, *objective(beta + t * d, a), k + 1)
+            return (t, *objective(beta + t * d, a + t * da), k + 1)
 
         t, value, a_trial, _ = jax.lax.while_loop(
             search_cond, search_body,
-            (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a), jnp.int32(0)))
+            (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a + da), jnp.int32(0)))
         accepted = (value <= f + ARMIJO * t * slope) & (slope < 0)
         return (jnp.where(accepted, beta + t * d, beta), jnp.where(accepted, a_trial, a),
                 accepted, cg_its)
 
     def body(state):
         beta, a, it, cg_total, _, _, _, _ = state
-        derivs = derivatives(beta, a)
+        derivs, a_grad = derivatives(beta, a)
         f = jnp.sum(derivs.neglog) + penalty_term(beta)
         grad = -_bms.joint_gradient(derivs, x, g)[1:] + penalty @ beta
         gnorm = jnp.max(jnp.abs(grad))
@@ -190,7 +209,7 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         new_beta, new_a, accepted, cg_its = jax.lax.cond(
             stepping, newton_step,
             lambda *_: (beta, a, jnp.bool_(False), jnp.int32(0)), beta, a, f, grad, gnorm,
-            derivs)
+            derivs, a_grad)
         status = jnp.select([~rows_ok, converged, it >= max_iterations, ~accepted],
                             [FitStatus.ROW_FAILURE, FitStatus.CONVERGED,
                              FitStatus.MAX_ITERATIONS, FitStatus.LINE_SEARCH_FAILED], _RUNNING)
