@@ -114,7 +114,7 @@ def _poly(coeffs, z):
 
 def _piece(table, x):
     bp, left, pieces = table
-    idx = jnp.searchsorted(bp, x, side="right")
+    idx = jnp.searchsorted(bp, x, side="right", method="compare_all")  # a dozen breakpoints
     return left[idx], pieces[idx]
 
 
@@ -225,9 +225,10 @@ def _calibration(score, link, a, b, q, s_f, nodes):
     dens = half * wts * _INV_SQRT_2PI * jnp.exp(-0.5 * z * z)
     sign = jnp.where(q > 0, -1.0, 1.0)
     cdf, pdf = ndtr_and_pdf(sign * eta)
-    f = sign * (jnp.sum(cdf * dens) - ndtr(sign * q))
-    f_a = jnp.sum(pdf * _poly(slope[:, None, None, :], z) * dens)
-    return f, f_a
+    # F and F_a as one sum of complex numbers: one reduction reads the integrand's exp
+    # where it is computed (two sums store it to memory for the second)
+    both = jnp.sum(dens * jax.lax.complex(cdf, pdf * _poly(slope[:, None, None, :], z)))
+    return sign * (both.real - ndtr(sign * q)), both.imag
 
 
 def _newton(score, link, q, b, s_f, a, nodes, tol):
