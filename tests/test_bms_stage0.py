@@ -140,3 +140,13 @@ def test_calibration_from_a_given_start(host_and_device):
     _assert_close_scaled(a, want, 1e-12, "a")
     steps = np.asarray(steps)
     assert np.all(steps[1:] == 2) and steps[0] > 2, steps
+
+
+def test_partition_points_sort_like_numpy_with_nan_last():
+    rng = np.random.default_rng(11)
+    v = rng.normal(size=(200, 24)).round(1)           # ties
+    v[rng.random(v.shape) < 0.2] = np.nan
+    v[:5, 3] = np.inf
+    v[5:10, 4] = -np.inf
+    got = np.asarray(jax.vmap(bms_stage0._sort_nan_last)(v))
+    np.testing.assert_array_equal(got, np.sort(v, axis=1))

@@ -165,6 +165,21 @@ def _jets(score, link, beta_h, beta_w, z, a, b, s_f):
 # ----------------------------------------------------------------------------- one row
 
 
+def _sort_nan_last(v):
+    """``jnp.sort`` of a short vector (NaN last): each entry placed at its rank (the entries
+    before it in value, ties by position), comparisons a fused kernel does where a sort is
+    a kernel of its own."""
+    nan = jnp.isnan(v)
+    key = jnp.where(nan, 0.0, v)
+    pos = jnp.arange(v.shape[0])
+    # entry j sorts before entry i: (isnan, value, position)_j < (...)_i
+    first = lambda x: x[None, :] < x[:, None]   # noqa: E731
+    same = lambda x: x[None, :] == x[:, None]   # noqa: E731
+    before = first(nan) | (same(nan) & (first(key) | (same(key) & first(pos))))
+    rank = jnp.sum(before, axis=1)
+    return jnp.sum(jnp.where(rank[None, :] == pos[:, None], v[None, :], 0.0), axis=1)
+
+
 def _partition(score_bp, link_bp, a, b, far_cuts=True):
     """Cell slots of one row: (lo, hi, probe, valid), each (k,), or (k - 2,) without the
     cuts at |z| = 40 (``far_cuts=False``, for integrals clipped inside |z| <= 40: a cut
@@ -181,7 +196,7 @@ def _partition(score_bp, link_bp, a, b, far_cuts=True):
         cuts = jnp.stack([jnp.where(jnp.any(pts < -QUAD_HALF_WIDTH), -QUAD_HALF_WIDTH, jnp.nan),
                           jnp.where(jnp.any(pts > QUAD_HALF_WIDTH), QUAD_HALF_WIDTH, jnp.nan)])
         pts = jnp.concatenate([pts, cuts])
-    pts = jnp.sort(pts)                                   # NaN (unused) slots sort last
+    pts = _sort_nan_last(pts)                             # NaN (unused) slots last
     lo = jnp.concatenate([jnp.array([-jnp.inf]), pts])
     hi = jnp.concatenate([pts, jnp.array([jnp.inf])])
     last = jnp.sum(~jnp.isnan(pts))                       # slot of the right tail
