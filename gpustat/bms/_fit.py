@@ -19,7 +19,8 @@ penalty. Each Newton iteration, inside one ``lax.while_loop``:
    stops with its last iterate, or with the preconditioned gradient step when that
    happens at once; either is a descent direction (truncated Newton, Steihaug).
 4. Backtracking line search: the step length halves (at most ``MAX_HALVINGS`` times)
-   until Armijo's condition ``f(β + t d) <= f(β) + 1e-4 t ∇fᵀd`` holds; the trial values
+   until Armijo's condition ``f(β + t d) <= f(β) + 1e-4 t ∇fᵀd + 1e-13 |f(β)|`` holds
+   (the last term: rounding of f, which sums n rows' values); the trial values
    need only the intercepts and the observed predictors, not the cells. The trial's
    calibration starts at ``a + t da``, da the intercepts' first-order change along d
    (∂a/∂θ from the Stage-1 moments, :func:`_intercept_gradient`). A trial with a failed
@@ -54,6 +55,10 @@ from gpustat.reference.bms import KAPPA
 __all__ = ["FitResult", "FitStatus", "fit"]
 
 ARMIJO = 1e-4
+# f sums n rows' values, and a trial's intercepts come from a calibration of their own:
+# changes of f below this fraction of |f| are rounding, which Armijo's test allows (else
+# a step near the optimum fails on rounding and the fit stops short of gtol)
+ROUNDING_SLACK = 1e-13
 MAX_HALVINGS = 30
 _RUNNING = -1
 
@@ -181,9 +186,12 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         da = (a_grad[:, 0] * (x @ dm) + a_grad[:, 1] * (g @ dg)
               + a_grad[:, 2:] @ jnp.concatenate([dh, dw]))
 
+        def sufficient(t, value):
+            return value <= f + ARMIJO * t * slope + ROUNDING_SLACK * jnp.abs(f)
+
         def search_cond(state):
             t, value, _, k = state
-            return ~(value <= f + ARMIJO * t * slope) & (k < MAX_HALVINGS)
+            return ~sufficient(t, value) & (k < MAX_HALVINGS)
 
         def search_body(state):
             t, _, _, k = state
@@ -193,7 +201,7 @@ def _fit_loop(score, link, x, g, z_obs, y, w, s_f, beta0, penalty, gtol, max_ite
         t, value, a_trial, _ = jax.lax.while_loop(
             search_cond, search_body,
             (jnp.asarray(1.0, beta.dtype), *objective(beta + d, a + da), jnp.int32(0)))
-        accepted = (value <= f + ARMIJO * t * slope) & (slope < 0)
+        accepted = sufficient(t, value) & (slope < 0)
         return (jnp.where(accepted, beta + t * d, beta), jnp.where(accepted, a_trial, a),
                 accepted, cg_its)
 
