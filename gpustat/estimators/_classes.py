@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -93,12 +95,35 @@ def _label_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return labels, codes.reshape(-1)
 
 
+def _epoch_order(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``rng.permutation(n)``, the same draws and values, in int32 (the rows' index type
+    on the device) while n fits: shuffling int32 moves half the bytes."""
+    order = np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
+    rng.shuffle(order)
+    return order
+
+
+# from this many values the range scan runs on chunks in threads (numpy's reductions
+# release the GIL); below it one pass is faster than starting them
+_PARALLEL_SCAN_VALUES = 1 << 23
+
+
+def _min_max(values: np.ndarray) -> tuple[float, float]:
+    """(min, max) of a float array, NaN if any value is NaN."""
+    if values.size < _PARALLEL_SCAN_VALUES:
+        return float(values.min()), float(values.max())
+    chunks = np.array_split(values, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(len(chunks), thread_name_prefix="gpustat-scan") as pool:
+        ranges = np.array(list(pool.map(lambda c: (c.min(), c.max()), chunks)))
+    return float(ranges[:, 0].min()), float(ranges[:, 1].max())
+
+
 def _value_range(values: np.ndarray, name: str) -> tuple[float, float] | None:
-    """(min, max) of float64 ``values`` (None when there are none), in two passes; NaN or
-    infinity raise scikit-learn's messages (the range serves every later check)."""
+    """(min, max) of float64 ``values`` (None when there are none); NaN or infinity raise
+    scikit-learn's messages (the range serves every later check)."""
     if not values.size:
         return None
-    lo, hi = float(values.min()), float(values.max())  # a NaN anywhere gives NaN
+    lo, hi = _min_max(values)  # a NaN anywhere gives NaN
     if np.isnan(lo) or np.isnan(hi):
         raise ValueError(f"Input {name} contains NaN.")
     if np.isinf(lo) or np.isinf(hi):
@@ -596,7 +621,7 @@ class _FactorizationMachine(BaseEstimator):
         # in memory at once), a few ahead, by a worker thread while this one checks, packs
         # and sends the rows
         with contextlib.closing(prefetched(
-                (rng.permutation(n_rows) for _ in range(self.max_iter)),
+                (_epoch_order(rng, n_rows) for _ in range(self.max_iter)),
                 min(self.max_iter, 4))) as orders:
             weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
             if split is not None:
