@@ -16,7 +16,7 @@ import gpustat
 from gpustat._prefetch import prefetched
 from gpustat.estimators import FFMClassifier, FMClassifier
 from gpustat.estimators import _classes
-from gpustat.estimators._classes import _epoch_order, _label_codes
+from gpustat.estimators._classes import _label_codes
 from gpustat.factorization import _libffm
 
 
@@ -202,17 +202,6 @@ def test_large_data_runs_an_epoch_per_call_with_the_same_result(monkeypatch):
     assert sorted(compiles.names) == ["jit(_fit_epochs)", "jit(init_state)"], compiles.names
     np.testing.assert_allclose(per_epoch.V_, whole.V_, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(per_epoch.loss_curve_, whole.loss_curve_, rtol=1e-12)
-
-
-def test_epoch_orders_are_numpys_permutations_in_int32():
-    """The documented stream: each epoch's order is ``rng.permutation(n)`` (same values,
-    same state after), in int32."""
-    ours, numpys = np.random.default_rng(7), np.random.default_rng(7)
-    for n in (1, 17, 1000):
-        order = _epoch_order(ours, n)
-        assert order.dtype == np.int32
-        np.testing.assert_array_equal(order, numpys.permutation(n))
-    assert ours.integers(1 << 62) == numpys.integers(1 << 62)
 
 
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])

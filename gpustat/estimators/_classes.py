@@ -95,14 +95,6 @@ def _label_codes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return labels, codes.reshape(-1)
 
 
-def _epoch_order(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``rng.permutation(n)``, the same draws and values, in int32 (the rows' index type
-    on the device) while n fits: shuffling int32 moves half the bytes."""
-    order = np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
-    rng.shuffle(order)
-    return order
-
-
 # from this many values the range scan runs on chunks in threads (numpy's reductions
 # release the GIL); below it one pass is faster than starting them
 _PARALLEL_SCAN_VALUES = 1 << 23
@@ -621,7 +613,7 @@ class _FactorizationMachine(BaseEstimator):
         # in memory at once), a few ahead, by a worker thread while this one checks, packs
         # and sends the rows
         with contextlib.closing(prefetched(
-                (_epoch_order(rng, n_rows) for _ in range(self.max_iter)),
+                (rng.permutation(n_rows) for _ in range(self.max_iter)),
                 min(self.max_iter, 4))) as orders:
             weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
             if split is not None:
