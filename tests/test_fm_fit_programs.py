@@ -14,8 +14,7 @@ import scipy.sparse as sp
 
 import gpustat
 from gpustat._prefetch import prefetched
-from gpustat.estimators import FFMClassifier, FMClassifier
-from gpustat.estimators import _classes
+from gpustat.estimators import FFMClassifier, FMClassifier, _classes
 from gpustat.estimators._classes import _label_codes
 from gpustat.factorization import _libffm
 
