@@ -24,8 +24,9 @@ Random stream (reproducible, and the same as modern_fm's):
 ``eval_set`` one ``rng.permutation(n)`` picks the holdout first; then the
 factors are drawn (FM/FwFM ``rng.normal(0, init_scale, shape)``, FFM
 ``rng.uniform(0, init_scale / sqrt(k), shape)`` with ``shape`` the public
-``V_`` shape), then one ``rng.permutation`` per epoch, drawn as the epoch
-starts. ``partial_fit`` visits rows in their given order.
+``V_`` shape), then one ``rng.permutation(n)`` per epoch (a few epochs' orders are
+drawn side by side, ahead, from copies of the stream: the same orders).
+``partial_fit`` visits rows in their given order.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from sklearn.utils.validation import (
 )
 
 from gpustat._checks import check_int, check_real
-from gpustat._prefetch import prefetched
+from gpustat._gc import collector_paused
 from gpustat.estimators import _train as fm_train
 from gpustat.estimators._optim import ftrl, lazy_adagrad, lazy_adam, lazy_sgd
+from gpustat.estimators._orders import epoch_orders
 
 __all__ = [
     "FFMClassifier",
@@ -451,6 +453,7 @@ class _FactorizationMachine(BaseEstimator):
         log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
+    @collector_paused()  # the first call traces and compiles the training programs
     def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
                fields, ones):
         """Run an epoch per row order the iterator ``orders`` yields (drawn as needed).
@@ -609,12 +612,11 @@ class _FactorizationMachine(BaseEstimator):
             params, opt_state = self._to_internal(self._init_public(rng, X.shape[1],
                                                                     int(fields.max()) + 1)), None
         n_rows = X.shape[0] if split is None else len(split[1])
-        # the epoch orders are drawn epoch by epoch (max_iter orders of n rows need not fit
-        # in memory at once), a few ahead, by a worker thread while this one checks, packs
+        # the epoch orders (max_iter orders of n rows need not fit in memory at once) are
+        # drawn a few ahead, side by side, by worker threads while this one checks, packs
         # and sends the rows
-        with contextlib.closing(prefetched(
-                (rng.permutation(n_rows) for _ in range(self.max_iter)),
-                min(self.max_iter, 4))) as orders:
+        with contextlib.closing(epoch_orders(rng, n_rows, self.max_iter,
+                                             ahead=min(self.max_iter, 4))) as orders:
             weights = self._row_weights(X, y_codes, sample_weight, whole_data=True)
             if split is not None:
                 val_idx, tr_idx = split
