@@ -13,12 +13,14 @@ cache: walking again would only trace and look them up).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
 
-__all__ = ["CompileAhead", "compile_ahead_once", "run_program"]
+__all__ = ["CompileAhead", "compile_ahead_once", "compiling_ahead", "run_program"]
 
 
 def run_program(program, *args, **kwargs):
@@ -68,14 +70,26 @@ class CompileAhead:
 _walked: set = set()
 
 
+@contextlib.contextmanager
+def compiling_ahead(key) -> Iterator[CompileAhead | None]:
+    """A :class:`CompileAhead` runner for the block, or None when a walk of ``key`` has
+    already run in this process; leaving the block waits for the compilations it
+    started, so work done inside the block (transfers, host preparation) overlaps them.
+    ``key`` as in :func:`compile_ahead_once`."""
+    if key in _walked:
+        yield None
+        return
+    with CompileAhead() as ahead:
+        yield ahead
+    _walked.add(key)
+
+
 def compile_ahead_once(key, walk) -> None:
     """``walk(runner)`` under a :class:`CompileAhead` unless a walk of ``key`` has already
     run in this process. ``key`` (hashable) must name everything that decides the walk's
     programs and their argument shapes, dtypes and placement. Clearing JAX's caches
     (``jax.clear_caches``) after a walk costs only speed: the later calls then compile in
     turn."""
-    if key in _walked:
-        return
-    with CompileAhead() as ahead:
-        walk(ahead)
-    _walked.add(key)
+    with compiling_ahead(key) as ahead:
+        if ahead is not None:
+            walk(ahead)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpustat
-from gpustat._compile_ahead import CompileAhead, compile_ahead_once, run_program
+from gpustat._compile_ahead import CompileAhead, compile_ahead_once, compiling_ahead, run_program
 from tests.helpers import compiled_programs
 
 
@@ -99,3 +99,17 @@ def test_a_large_fit_compiles_each_program_once():
     sk = pytest.importorskip("sklearn.mixture").GaussianMixture(2, random_state=0).fit(X)
     np.testing.assert_allclose(np.sort(fit().means_[:, 0]), np.sort(sk.means_[:, 0]),
                                atol=1e-6)
+
+
+def test_compiling_ahead_overlaps_the_block_and_runs_once_per_key():
+    """The block's own work runs while the program compiles; the program then runs
+    without compiling, and a second block of the same key compiles nothing ahead."""
+    key = ("test_compiling_ahead", 11)
+    x = jax.ShapeDtypeStruct((11, 3), jnp.float32)
+    with compiling_ahead(key) as ahead:
+        assert ahead is not None
+        ahead(_scaled, x, jax.ShapeDtypeStruct((3,), jnp.float32))
+        data = jnp.ones((11, 3), jnp.float32), jnp.arange(3, dtype=jnp.float32)
+    assert compiled_programs(lambda: _scaled(*data).block_until_ready()) == []
+    with compiling_ahead(key) as again:
+        assert again is None

@@ -62,6 +62,7 @@ def test_batch_larger_than_the_data_is_one_batch_of_every_row(monkeypatch):
         widths.append((orders.shape[-1], csr[0].shape[0] - 1))  # batch width, padded rows
         return train(cfg, z, params, opt_state, csr, orders, *args)
 
+    spy.lower, spy.eval_shape = train.lower, train.eval_shape  # compiled ahead as the program
     monkeypatch.setattr(fm_train, "_fit_epochs", spy)
     est = FMRegressor(n_factors=k, optimizer="sgd", learning_rate=0.05, max_iter=2,
                       batch_size=4096, init_scale=0.3, random_state=4, dtype="float64",

@@ -454,9 +454,10 @@ class _FactorizationMachine(BaseEstimator):
         return float(-np.mean(log_p[np.arange(len(y_codes)), y_codes]))
 
     @collector_paused()  # the first call traces and compiles the training programs
-    def _train(self, X, y_codes, weights, *, orders, params, opt_state, eval_data, backend,
-               fields, ones):
-        """Run an epoch per row order the iterator ``orders`` yields (drawn as needed).
+    def _train(self, X, y_codes, weights, *, orders, epochs, params, opt_state, eval_data,
+               backend, fields, ones):
+        """Run an epoch per row order the iterator ``orders`` yields (drawn as needed; at
+        most ``epochs``).
 
         ``ones``: whether every stored value of X is 1 (:meth:`_prepared_X`);
         ``eval_data``: None or (X_val, its ``ones``, y_val's codes).
@@ -480,7 +481,8 @@ class _FactorizationMachine(BaseEstimator):
         total_weight = max(float(weights.sum()), np.finfo(np.float64).tiny)
         if eval_data is None and not self.verbose:
             # a fresh state (opt_state None) starts inside the one program
-            params, opt_state, sums = fm_train.fit_epochs(cfg, params, opt_state, rows, orders)
+            params, opt_state, sums = fm_train.fit_epochs(cfg, params, opt_state, rows, orders,
+                                                          epochs)
             params, opt_state, sums = jax.device_get((params, opt_state, sums))
             losses = np.concatenate([group[:count] for group, count in sums]) / total_weight
             return params, opt_state, losses.tolist(), None
@@ -624,8 +626,9 @@ class _FactorizationMachine(BaseEstimator):
                 X, y_codes, weights = X[tr_idx], y_codes[tr_idx], weights[tr_idx]
             X, ones = self._prepared_X(X)
             params, opt_state, losses, val_scores = self._train(
-                X, y_codes, weights, orders=orders, params=params, opt_state=opt_state,
-                eval_data=eval_data, backend=backend, fields=fields, ones=ones)
+                X, y_codes, weights, orders=orders, epochs=self.max_iter, params=params,
+                opt_state=opt_state, eval_data=eval_data, backend=backend, fields=fields,
+                ones=ones)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1
         self._store(params, X.shape[1], self.n_fields_)
@@ -666,7 +669,7 @@ class _FactorizationMachine(BaseEstimator):
             self._check_outputs()
             params, opt_state = self._to_internal(self._public()), self._resume_state()
         params, opt_state, losses, _ = self._train(
-            X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), params=params,
+            X, y_codes, sw, orders=iter([np.arange(X.shape[0])]), epochs=1, params=params,
             opt_state=opt_state, eval_data=None, backend=backend, fields=fields, ones=ones)
         self.field_ids_ = fields
         self.n_fields_ = int(fields.max()) + 1

@@ -46,6 +46,7 @@ import scipy.sparse as sp
 
 from gpustat._arrays import grid_size, next_pow2
 from gpustat._backend import resolve_backend
+from gpustat._compile_ahead import compiling_ahead
 from gpustat.estimators._optim import RowwiseTransformation, ftrl, lazy_adagrad, lazy_adam, lazy_sgd
 from gpustat.pallas.estimators import scatter_add_rows
 from gpustat.reference.estimators import scatter_add_rows_reference
@@ -586,24 +587,45 @@ def init_state(tx: optax.GradientTransformation, params):
     return tx.init(params)
 
 
+def _plan_sizes(batch_size: int, n_pad: int, n_orders: int) -> tuple[int, int, int]:
+    """``(batch rows, order slots per epoch, padded epochs)`` of :func:`_epoch_plan`."""
+    # a batch larger than the data is one batch of every row (B = n either way): without
+    # the clip each step would score batch_size padding rows (65536 for 1000 rows)
+    bsz = min(batch_size, n_pad)
+    slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
+    # epochs padded to a power of two, at least 16 while that stays under 256K slots
+    # (one compile serves max_iter = 1..16 on small data; big data pay no extra transfer)
+    small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
+    return bsz, slots, max(next_pow2(n_orders), small_data_epochs)
+
+
+def _plan_shapes(batch_size: int, n_pad: int, n_orders: int, dtype) -> tuple:
+    """The shapes and dtypes of :func:`_epoch_plan`'s arrays for ``n_orders`` orders."""
+    bsz, slots, e_pad = _plan_sizes(batch_size, n_pad, n_orders)
+    return (jax.ShapeDtypeStruct((e_pad, slots // bsz, bsz), np.int32),
+            jax.ShapeDtypeStruct((slots // bsz,), dtype), jax.ShapeDtypeStruct((), np.int32),
+            jax.ShapeDtypeStruct((), np.int32))
+
+
+def _signature(tree) -> tuple:
+    """What of ``tree`` keys a compiled program: its structure, and each leaf's shape,
+    dtype and placement."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(x), np.dtype(getattr(x, "dtype", type(x))),
+                           getattr(x, "sharding", None)) for x in leaves)
+
+
 def _epoch_plan(batch_size: int, n_pad: int, orders, dtype):
     """Device inputs of :func:`_epochs` for the row orders ``orders`` (each of length n).
 
     Returns ``(orders (e_pad, slots / B, B), counts (slots / B,) in dtype, n_batches,
     n_epochs)`` on the device.
     """
-    # a batch larger than the data is one batch of every row (B = n either way): without
-    # the clip each step would score batch_size padding rows (65536 for 1000 rows)
-    bsz = min(batch_size, n_pad)
+    bsz, slots, e_pad = _plan_sizes(batch_size, n_pad, len(orders))
     n = len(orders[0])
     n_batches = -(-n // bsz)
-    slots = -(-n_pad // bsz) * bsz  # static: one compile per row bucket
-    # epochs padded to a power of two, at least 16 while that stays under 256K slots
-    # (one compile serves max_iter = 1..16 on small data; big data pay no extra
-    # transfer); the last row is padding (weight 0): it fills the tail of the
-    # last batch and the unused epochs
-    small_data_epochs = min(16, next_pow2((1 << 18) // slots + 1) // 2)
-    e_pad = max(next_pow2(len(orders)), small_data_epochs)
+    # the last row is padding (weight 0): it fills the tail of the last batch and the
+    # unused epochs
     padded = np.full((e_pad, slots), n_pad - 1, np.int32)
     for e, order in enumerate(orders):
         padded[e, :n] = order
@@ -657,8 +679,9 @@ _ORDER_SLOTS = 1 << 26
 _EPOCH_PER_CALL_ROWS = 1 << 19
 
 
-def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
-    """Transfer ``rows`` once and run an epoch per order the iterator ``orders`` yields.
+def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders, epochs: int):
+    """Transfer ``rows`` once and run an epoch per order of ``orders``, an iterator of
+    ``epochs`` row orders.
 
     Each call of the compiled program builds the row layout from the CSR arrays
     and runs a power-of-two group of epochs (all of them unless their row orders
@@ -666,24 +689,42 @@ def fit_epochs(cfg: TrainConfig, params, opt_state, rows: HostRows, orders):
     drawn group by group, never all held at once. ``opt_state=None`` starts the
     transformation's state in the same program when the epochs make one group, so
     such a fit compiles one program; with one epoch per call it starts in
-    :func:`init_state` first, so that every call runs the same program.
+    :func:`init_state` first, so that every call runs the same program. The first fit
+    of its settings and shapes in the process compiles its programs side by side
+    while the rows go to the device and the first order is drawn.
 
     Returns:
         ``(params, opt_state, losses)``: ``losses`` a list of ``(sums, count)``,
         per group the device array of its epochs' weighted loss sums (padded:
         the first ``count`` are real, in order). Nothing is copied to the host.
     """
-    csr = jax.device_put(rows.arrays)
     per_call = rows.n_pad >= _EPOCH_PER_CALL_ROWS
     group = 1 if per_call else _ORDER_SLOTS // rows.n_pad
-    group = next_pow2(group + 1) // 2  # the largest power of two <= group
+    group = min(next_pow2(group + 1) // 2, epochs)  # the largest power of two <= group
+    if not group:
+        return params, opt_state, []
+    dtype = rows.arrays[4].dtype
+    csr_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), rows.arrays)
+    plan_shapes = _plan_shapes(cfg.batch_size, rows.n_pad, group, dtype)
+    key = ("fm.fit_epochs", cfg, rows.z, per_call, _signature((params, opt_state)),
+           _signature(csr_shapes), _signature(plan_shapes),
+           jax.dtypes.canonicalize_dtype(np.float64))
+    with compiling_ahead(key) as ahead:
+        if ahead is not None:
+            state = ahead(init_state, cfg.tx, params) if per_call and opt_state is None \
+                else opt_state
+            ahead(_fit_epochs, cfg, rows.z, params, state, csr_shapes, *plan_shapes)
+        csr = jax.device_put(rows.arrays)
+        chunk = list(itertools.islice(orders, group))
+        plan = _epoch_plan(cfg.batch_size, rows.n_pad, chunk, dtype)
     if per_call and opt_state is None:
         opt_state = init_state(cfg.tx, params)
     losses = []
-    while chunk := list(itertools.islice(orders, group)):
-        plan = _epoch_plan(cfg.batch_size, rows.n_pad, chunk, rows.arrays[4].dtype)
+    while chunk:
         params, opt_state, sums = _fit_epochs(cfg, rows.z, params, opt_state, csr, *plan)
         losses.append((sums, len(chunk)))
+        if chunk := list(itertools.islice(orders, group)):
+            plan = _epoch_plan(cfg.batch_size, rows.n_pad, chunk, dtype)
     return params, opt_state, losses
 
 
