@@ -564,13 +564,18 @@ def _epochs(cfg: TrainConfig, params, opt_state, data: DeviceRows, orders, count
     return jax.lax.fori_loop(0, n_epochs, epoch, (params, opt_state, losses))
 
 
-_train_epochs = jax.jit(_epochs, static_argnums=0)
+# The training programs compile without XLA's fusion autotuner: it times candidate
+# emitters for the programs' small reductions (16 KiB each), 70 ms of the 0.2 s of HLO
+# passes of a first FM fit on an H200, for epochs no faster.
+_COMPILER_OPTIONS = {"xla_gpu_experimental_enable_fusion_autotuner": False}
+_train_epochs = jax.jit(_epochs, static_argnums=0, compiler_options=_COMPILER_OPTIONS)
 # the same program with the parameters and state donated: their buffers hold the result
 # (a table near the device's memory has no room for a second copy)
-_train_epochs_donated = jax.jit(_epochs, static_argnums=0, donate_argnums=(1, 2))
+_train_epochs_donated = jax.jit(_epochs, static_argnums=0, donate_argnums=(1, 2),
+                                compiler_options=_COMPILER_OPTIONS)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=_COMPILER_OPTIONS)
 def _fit_epochs(cfg: TrainConfig, z: int, params, opt_state, csr, orders, counts, n_batches,
                 n_epochs):
     """:func:`_layout` of the transferred CSR arrays, then the epochs: one program.
