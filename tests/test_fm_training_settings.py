@@ -56,14 +56,14 @@ def test_batch_larger_than_the_data_is_one_batch_of_every_row(monkeypatch):
     X = rng.normal(size=(n, p)) * (rng.random((n, p)) < 0.5)
     y = rng.normal(size=n)
     widths = []
-    train = fm_train._fit_epochs
+    train = fm_train._fit_epochs_programs[False]
 
     def spy(cfg, z, params, opt_state, csr, orders, *args):
         widths.append((orders.shape[-1], csr[0].shape[0] - 1))  # batch width, padded rows
         return train(cfg, z, params, opt_state, csr, orders, *args)
 
     spy.lower, spy.eval_shape = train.lower, train.eval_shape  # compiled ahead as the program
-    monkeypatch.setattr(fm_train, "_fit_epochs", spy)
+    monkeypatch.setitem(fm_train._fit_epochs_programs, False, spy)
     est = FMRegressor(n_factors=k, optimizer="sgd", learning_rate=0.05, max_iter=2,
                       batch_size=4096, init_scale=0.3, random_state=4, dtype="float64",
                       backend="reference").fit(X, y)
