@@ -83,6 +83,30 @@ def test_auto_without_jax_triton_takes_the_pallas_kernel_or_the_reference(monkey
                            kernels=("triton",)) == "reference"
 
 
+def test_a_mosaic_row_runs_where_mosaic_takes_the_call_and_gives_way_elsewhere(monkeypatch):
+    """float32 streaming piecewise calls take the Mosaic GPU kernel on an sm_90+ GPU; where
+    it is unavailable or cannot take the call, the next matching row (jax-triton) runs."""
+    _on_a_gpu(monkeypatch, triton=True)
+    kernels = ("pallas", "triton", "mosaic")
+    for uniform in (False, True):
+        streaming = _backend.piecewise_shape_class(uniform, "float32", 1 << 26, True)
+        monkeypatch.setattr(_backend, "mosaic_unavailable_reason", lambda: "")
+
+        def auto(unsupported=None, streaming=streaming):
+            return resolve_backend("auto", op="t", capability="piecewise",
+                                   shape_class=streaming, kernels=kernels,
+                                   unsupported=unsupported)
+
+        assert auto() == "mosaic"
+        assert auto({"mosaic": "n must be a multiple of 128"}) == "triton"
+        monkeypatch.setattr(_backend, "mosaic_unavailable_reason", lambda: "an sm_90 GPU")
+        assert auto() == "triton"
+    float64 = _backend.piecewise_shape_class(False, "float64", 1 << 26, True)
+    monkeypatch.setattr(_backend, "mosaic_unavailable_reason", lambda: "")
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=float64,
+                           kernels=kernels) == "triton"
+
+
 def test_border_classes_pad_the_spare_column(monkeypatch):
     """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class."""
     _on_a_gpu(monkeypatch, triton=True)
@@ -102,5 +126,5 @@ def test_every_rule_names_a_known_capability_path_and_benchmark():
 
     benches = pathlib.Path(__file__).parents[1] / "benchmarks"
     for rule in _backend.AUTO_RULES:
-        assert rule.choice in ("reference", "pallas", "triton"), rule
+        assert rule.choice in ("reference", "pallas", "triton", "mosaic"), rule
         assert rule.reason and (benches / f"{rule.benchmark.split(':')[0]}.py").exists(), rule
