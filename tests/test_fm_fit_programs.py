@@ -3,7 +3,6 @@ coding and the read-ahead of row orders and file chunks."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -17,29 +16,7 @@ from gpustat._prefetch import prefetched
 from gpustat.estimators import FFMClassifier, FMClassifier, _classes
 from gpustat.estimators._classes import _label_codes
 from gpustat.factorization import _libffm
-
-
-class _Compiles(logging.Handler):
-    """Names of the programs XLA compiles while installed."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.names = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith("Compiling "):
-            self.names.append(message.split()[1])
-
-    def __enter__(self):
-        logging.getLogger("jax").addHandler(self)
-        self._log = jax.log_compiles(True)
-        self._log.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._log.__exit__(*exc)
-        logging.getLogger("jax").removeHandler(self)
+from tests.helpers import compiled_programs
 
 
 def _ctr(n=300, p=40, f=4, seed=0):
@@ -56,14 +33,18 @@ def test_fit_compiles_one_program_and_an_equal_fit_none():
     unusual learning rate keys a fresh compile)."""
     X, y, fields = _ctr()
     kw = dict(n_factors=3, max_iter=3, batch_size=64, learning_rate=0.0123457, random_state=0)
-    with _Compiles() as first:
-        FFMClassifier(**kw).fit(X, y, field_ids=fields)
-    with _Compiles() as again:
-        est = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+    first = compiled_programs(lambda: FFMClassifier(**kw).fit(X, y, field_ids=fields))
+    fitted = []
+
+    def fit_again():
+        fitted.append(FFMClassifier(**kw).fit(X, y, field_ids=fields))
         wider = sp.hstack([X, sp.csr_matrix((X.shape[0], 3))], format="csr")  # p 40 -> 43
         FFMClassifier(**kw).fit(wider, y, field_ids=np.r_[fields, 0, 1, 2])
-    assert first.names == ["jit(_fit_epochs)"], first.names
-    assert again.names == [], again.names  # same settings, same shape buckets
+
+    again = compiled_programs(fit_again)
+    est = fitted[0]
+    assert first == ["jit(_fit_epochs)"], first
+    assert again == [], again  # same settings, same shape buckets
     assert len(est.loss_curve_) == 3 and np.all(np.isfinite(est.loss_curve_))
 
 
@@ -72,10 +53,12 @@ def test_partial_fit_chunks_share_one_training_program():
     (fresh state or continued) runs the same training program."""
     X, y, _ = _ctr(n=256)
     est = FMClassifier(n_factors=3, batch_size=32, learning_rate=0.0234568)
-    with _Compiles() as compiles:
+    def fit_chunks():
         for start in range(0, 256, 64):
             est.partial_fit(X[start:start + 64], y[start:start + 64], classes=[0, 1])
-    assert sorted(compiles.names) == ["jit(_fit_epochs)", "jit(init_state)"], compiles.names
+
+    compiles = compiled_programs(fit_chunks)
+    assert sorted(compiles) == ["jit(_fit_epochs)", "jit(init_state)"], compiles
 
 
 @pytest.mark.parametrize("y", [
@@ -194,11 +177,13 @@ def test_large_data_runs_an_epoch_per_call_with_the_same_result(monkeypatch):
         patch.setattr(fm_train, "_EPOCH_PER_CALL_ROWS", 1)
         patch.setattr(fm_train, "_epoch_plan",
                       lambda *a, plan=fm_train._epoch_plan: calls.append(a) or plan(*a))
-        with _Compiles() as compiles:
-            per_epoch = FFMClassifier(**kw).fit(X, y, field_ids=fields)
+        fitted = []
+        compiles = compiled_programs(
+            lambda: fitted.append(FFMClassifier(**kw).fit(X, y, field_ids=fields)))
+    per_epoch = fitted[0]
     whole = FFMClassifier(**kw).fit(X, y, field_ids=fields)
     assert [len(a[2]) for a in calls] == [1, 1, 1]
-    assert sorted(compiles.names) == ["jit(_fit_epochs)", "jit(init_state)"], compiles.names
+    assert sorted(compiles) == ["jit(_fit_epochs)", "jit(init_state)"], compiles
     np.testing.assert_allclose(per_epoch.V_, whole.V_, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(per_epoch.loss_curve_, whole.loss_curve_, rtol=1e-12)
 
