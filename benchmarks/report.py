@@ -90,6 +90,13 @@ HEADLINES = [
      "{fm:.0f}x / {ffm:.0f}x / {fwfm:.0f}x modern_fm (16 CPU threads), same test AUC",
      {m: (H200, "estimators", f"ctr200k_{m}", "float32", "pallas", "speedup_vs_modern_fm")
       for m in ("fm", "ffm", "fwfm")}),
+    ("estimators", "`FMClassifier` / `FFMClassifier` / `FwFMClassifier` `.fit`, 1M rows, end "
+     "to end (H200)",
+     "{fm:.0f}x / {ffm:.0f}x / {fwfm:.0f}x modern_fm; first call (compiling) {fm1:.1f}x / "
+     "{ffm1:.0f}x / {fwfm1:.1f}x",
+     {f"{m}{c}": (H200, "estimators_fit", f"fit_{m}", "float32", "reference", key)
+      for m in ("fm", "ffm", "fwfm")
+      for c, key in (("", "speedup_vs_modern_fm"), ("1", "speedup_vs_modern_fm_first_call"))}),
     ("bms", "Stage 2 row derivatives, 195k rows, float64 (H100)",
      "{s2:.1f}x XLA; dense joint block {dense:.1f}x",
      {"s2": (H100, "bms", "stage2_row_derivatives", "float64", "pallas", "speedup_vs_xla"),
