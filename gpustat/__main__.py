@@ -85,7 +85,11 @@ def demo(backend: str, only: list[str] | None, small: bool, stream: bool = False
     from tqdm import tqdm
 
     if backend == "auto":
-        backends = ["pallas"] if cuda_gpu_available() else ["reference", "interpret"]
+        # the Pallas kernels (compiled, or interpreted on a CPU) where JAX still has their
+        # lowering; else "auto" on a GPU (the jax-triton and Mosaic GPU kernels), the
+        # reference alone on a CPU
+        kernels = ["pallas"] if cuda_gpu_available() else ["reference", "interpret"]
+        backends = [b for b in kernels if b in available_backends()] or ["auto"]
     else:
         resolve_backend(backend, op="demo")
         backends = [backend]

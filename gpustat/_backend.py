@@ -10,8 +10,13 @@ exists) and calls :func:`resolve_backend` once, at trace time, before dispatchin
 * ``"pallas"`` / ``"triton"`` / ``"mosaic"``: the compiled kernel; raises
   :class:`BackendUnavailableError` on a machine that cannot run it (``"mosaic"``:
   no CUDA GPU, a GPU older than sm_90, or a jaxlib without the Mosaic GPU
-  bindings). Never falls back.
-* ``"interpret"``: the Pallas kernel body under ``interpret=True`` on any platform (tests).
+  bindings; ``"pallas"``: also a JAX without its Pallas Triton lowering, which JAX
+  0.11 deprecated). Never falls back.
+* ``"interpret"``: the Pallas kernel body under ``interpret=True`` on any platform (tests;
+  it needs the Pallas Triton lowering's module as well).
+
+Without the Pallas Triton lowering ``"auto"`` takes the jax-triton or Mosaic GPU kernel
+where a row names one, else the reference: every op keeps working.
 * ``"reference"``: the pure ``jax.numpy`` definition of the op, compiled by XLA.
 
 Shape classes are strings built by the ``*_shape_class`` helpers below; rows of
@@ -43,6 +48,7 @@ __all__ = [
     "factorization_shape_class",
     "mosaic_unavailable_reason",
     "ops_losing_gpu_kernels",
+    "pallas_unavailable_reason",
     "piecewise_shape_class",
     "resolve_backend",
     "triton_installed",
@@ -171,16 +177,33 @@ def mosaic_unavailable_reason() -> str:
     return ""
 
 
+@functools.cache
+def pallas_unavailable_reason() -> str:
+    """Why the Pallas kernels cannot be built here, on any platform ('' when they can):
+    they lower through JAX's Pallas Triton backend, deprecated in JAX 0.11 and to be
+    removed."""
+    try:
+        importlib.import_module("jax.experimental.pallas.triton")
+    except ImportError as exc:
+        return (f"JAX's Pallas Triton lowering (jax.experimental.pallas.triton), which does "
+                f"not import in jax {jax.__version__}: {exc}")
+    return ""
+
+
 def available_backends() -> tuple[str, ...]:
     """Backends that can run on this machine, in the order "auto" prefers them."""
+    pallas = not pallas_unavailable_reason()
     names = []
     if cuda_gpu_available():
-        names.append("pallas")
+        if pallas:
+            names.append("pallas")
         if triton_installed():
             names.append("triton")
         if not mosaic_unavailable_reason():
             names.append("mosaic")
-    names += ["reference", "interpret"]
+    names.append("reference")
+    if pallas:
+        names.append("interpret")
     return tuple(names)
 
 
@@ -270,7 +293,14 @@ def resolve_backend(
         choice = rule.choice if rule else "pallas"
         if (choice == "triton" and not triton_installed()) or choice in unsupported:
             choice = "pallas"
+        if choice == "pallas" and pallas_unavailable_reason():
+            choice = "reference"
         return choice if choice in (*kernels, "reference") else "reference"
+    if backend in ("pallas", "interpret") and pallas_unavailable_reason():
+        raise BackendUnavailableError(
+            f"{op}: backend={backend!r} needs {pallas_unavailable_reason()}. Use "
+            f"backend='auto' or 'reference'."
+        )
     if backend in ("pallas", "triton") and not cuda_gpu_available():
         raise BackendUnavailableError(
             f"{op}: backend={backend!r} needs a CUDA GPU, but this machine has "
@@ -363,7 +393,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("pallas.piecewise.ppoly_eval_pallas", "pallas", ("ppoly_eval",)),
     Kernel("triton.piecewise.ppoly_eval_triton", "triton", ("ppoly_eval",)),
     Kernel("pallas._mosaic_piecewise.ppoly_eval_mosaic", "mosaic", ("ppoly_eval",),
-           "float32, one polynomial, sm_90+ (backend='mosaic' only)"),
+           "float32, one polynomial, sm_90+ ('auto' at streaming sizes)"),
     Kernel("pallas._mosaic_mixture.suff_stats", "mosaic", _EM,
            "precision='f16x3', sm_90+, jax 0.11 (backend='mosaic' only)"),
     Kernel("pallas._mosaic_mixture.log_prob", "mosaic", ()),

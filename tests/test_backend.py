@@ -107,6 +107,28 @@ def test_a_mosaic_row_runs_where_mosaic_takes_the_call_and_gives_way_elsewhere(m
                            kernels=kernels) == "triton"
 
 
+def test_auto_without_the_pallas_triton_lowering_takes_other_kernels_or_the_reference(
+        monkeypatch):
+    """A JAX without its (deprecated) Pallas Triton lowering: "auto" on a GPU takes a
+    jax-triton row, and the reference where the Pallas kernel would have run; an explicit
+    "pallas" or "interpret" raises naming the lowering."""
+    _on_a_gpu(monkeypatch, triton=True)
+    monkeypatch.setattr(_backend, "pallas_unavailable_reason",
+                        lambda: "JAX's Pallas Triton lowering (removed)")
+    both = ("pallas", "triton")
+    streaming = _backend.piecewise_shape_class(False, "float32", 1 << 26, True)
+    multi = _backend.piecewise_shape_class(False, "float32", 1 << 26, False)
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=streaming,
+                           kernels=both) == "triton"
+    assert resolve_backend("auto", op="t", capability="piecewise", shape_class=multi,
+                           kernels=both) == "reference"
+    for backend in ("pallas", "interpret"):
+        with pytest.raises(gpustat.BackendUnavailableError, match="Pallas Triton lowering"):
+            resolve_backend(backend, op="t", capability="piecewise", shape_class=multi,
+                            kernels=both)
+    assert "pallas" not in _backend.available_backends()
+
+
 def test_border_classes_pad_the_spare_column(monkeypatch):
     """The fused kernel pads k_a plus its spare column: k_a <= 15 is the K = 16 class."""
     _on_a_gpu(monkeypatch, triton=True)

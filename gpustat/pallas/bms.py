@@ -34,10 +34,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype, next_pow2, nonempty
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 from gpustat.reference.bms import (
     AFFINE_TOL,
     CLOSED_FORM_MIN_HALF_WIDTH,

@@ -53,10 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype, next_pow2, nonempty
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 from gpustat.reference.border import (
     STATUS_NONFINITE,
     STATUS_OK,

@@ -21,11 +21,10 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 from jaxtyping import Array, Float, Int
 
 from gpustat._arrays import next_pow2, pad_axis
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 
 __all__ = ["scatter_add_rows"]
 

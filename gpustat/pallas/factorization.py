@@ -47,11 +47,10 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import next_pow2, nonempty
 from gpustat.csr import CSR
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 from gpustat.reference.factorization import (
     assemble_scores,
     pow2,

@@ -15,10 +15,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import compute_dtype
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 from gpustat.reference import numerics as ref
 
 __all__ = ["elementwise"]

@@ -28,10 +28,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from gpustat._arrays import next_pow2
-from gpustat.pallas._common import pallas_call
+from gpustat.pallas._common import pallas_call, plt
 from gpustat.reference.piecewise import EXTRAPOLATE_MODES, kernel_tables, search_levels
 
 __all__ = [
