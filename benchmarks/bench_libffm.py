@@ -82,9 +82,7 @@ def run(megabytes: float, repeats: int, out: str | None = None) -> None:
             lambda: sum(x.nnz for x, _, _ in iter_libffm(path, n_features=N_FEATURES)), repeats)
         print(f"file {size:.1f} MB, {X.shape[0]} rows, {X.nnz} nonzeros")
         for case, (wall, cpu) in [("load_libffm", load), ("iter_libffm", stream)]:
-            ms = sorted(1e3 * w for w in wall)
-            timing = Timing(statistics.median(ms), ms[len(ms) // 10],
-                            ms[-1 - len(ms) // 10], repeats)
+            timing = Timing.of([1e3 * w for w in wall])
             mb_s = size / (timing.median_ms * 1e-3)
             rec.record(case, shape=(X.shape[0], N_FEATURES, N_FIELDS), dtype="float64",
                        backend="cpu", timing=timing, bytes_moved=size * 1e6, items=X.shape[0],

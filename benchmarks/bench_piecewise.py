@@ -116,9 +116,7 @@ def time_torch(torch, fn, arg_sets, repeats=MIN_REPEATS, calls_per_repeat=1) -> 
             k += 1
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3 / calls_per_repeat)
-    t = np.asarray(times)
-    return Timing(float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90)),
-                  repeats)
+    return Timing.of(times)
 
 
 def device_check(name: str, actual, expected, *, rtol: float, atol: float) -> float:

@@ -87,6 +87,14 @@ class Timing:
     repeats: int
     calls: int = 1
 
+    @classmethod
+    def of(cls, times_ms: Sequence[float], calls: int = 1) -> Timing:
+        """The median and 10th / 90th percentiles of per-call times ``times_ms``, one per
+        repetition."""
+        t = np.asarray(times_ms, dtype=np.float64)
+        return cls(float(np.median(t)), float(np.percentile(t, 10)),
+                   float(np.percentile(t, 90)), t.size, calls)
+
 
 # Back-to-back calls per repetition are chosen so one repetition lasts at least this
 # long: the host's dispatch and synchronisation latency (~10-50 us) then stays out
@@ -128,9 +136,7 @@ def time_fn(fn: Callable, arg_sets: Sequence[tuple], *, repeats: int = MIN_REPEA
             k += 1
         jax.block_until_ready(out)
         times.append((time.perf_counter() - start) * 1e3 / calls_per_repeat)
-    t = np.asarray(times)
-    return Timing(float(np.median(t)), float(np.percentile(t, 10)),
-                  float(np.percentile(t, 90)), repeats, calls_per_repeat)
+    return Timing.of(times, calls_per_repeat)
 
 
 def rotating_copies(make: Callable[[int], tuple], bytes_per_set: int,
