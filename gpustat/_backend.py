@@ -14,10 +14,10 @@ exists) and calls :func:`resolve_backend` once, at trace time, before dispatchin
   0.11 deprecated). Never falls back.
 * ``"interpret"``: the Pallas kernel body under ``interpret=True`` on any platform (tests;
   it needs the Pallas Triton lowering's module as well).
+* ``"reference"``: the pure ``jax.numpy`` definition of the op, compiled by XLA.
 
 Without the Pallas Triton lowering ``"auto"`` takes the jax-triton or Mosaic GPU kernel
 where a row names one, else the reference: every op keeps working.
-* ``"reference"``: the pure ``jax.numpy`` definition of the op, compiled by XLA.
 
 Shape classes are strings built by the ``*_shape_class`` helpers below; rows of
 :data:`AUTO_RULES` match them with shell-style wildcards (``fnmatch``).
